@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# rtanon set-up: system packages (when missing), a virtual environment in .venv,
+# rtanon built and installed into it; then the job you ask for.
+#
+#   ./setup.sh demo    set up, then anonymize the embedded speech sample
+#   ./setup.sh test    set up (with test extras), then run the test suite
+#   ./setup.sh         set up only
+#
+# Environment: PYTHON (default python3, >= 3.11), RTANON_EXTRAS (extra pip extras, comma-separated).
+set -euo pipefail
+cd "$(dirname "$0")"
+job=${1:-}
+case "$job" in demo|test|"") ;; *) echo "usage: ./setup.sh [demo|test]" >&2; exit 2;; esac
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+py=${PYTHON:-python3}
+
+# --- system packages ---------------------------------------------------------
+pkgs=(libportaudio2 libasound2-plugins pulseaudio-utils g++)
+if ! "$py" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+  pkgs+=(python3-dev)
+fi
+"$py" -c 'import ensurepip' 2>/dev/null || pkgs+=(python3-venv)
+if [ "$job" = test ]; then
+  # The virtual-microphone tests start a private PulseAudio daemon. On a
+  # PipeWire desktop we do not replace pipewire-pulse; those tests then skip.
+  if ! command -v pulseaudio >/dev/null && ! dpkg -s pipewire-pulse >/dev/null 2>&1; then pkgs+=(pulseaudio); fi
+fi
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null; then
+    echo "rtanon: please install these system packages first: ${missing[*]}" >&2; exit 1
+  fi
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  say "installing system packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- Python environment ------------------------------------------------------
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "rtanon needs Python >= 3.11 ($py is older); set PYTHON=" >&2; exit 1; }
+[ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
+extras=${RTANON_EXTRAS:-}
+[ "$job" = test ] && extras="test${extras:+,$extras}"
+say "installing rtanon into .venv${extras:+ (extras: $extras)}"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q ".${extras:+[$extras]}"
+
+# --- the job -----------------------------------------------------------------
+case "$job" in
+  demo) say "rtanon demo"; exec .venv/bin/rtanon demo ;;
+  test) say "running the tests"; exec .venv/bin/python -m pytest -q ;;
+  "") say "ready: .venv/bin/rtanon --help" ;;
+esac

@@ -1,0 +1,5 @@
+import sys
+
+from rtanon.cli import main
+
+sys.exit(main())

@@ -1,0 +1,173 @@
+"""Audio files in and out, streamed in constant memory.
+
+``read_blocks(path)`` yields 16 kHz mono float32 blocks from any file
+libsndfile reads (WAV, FLAC, OGG; any rate, channels and sample format),
+downmixing and resampling on the way. ``AtomicWriter`` writes blocks at the
+input's rate to a temporary file beside the target and renames it into place
+only when everything succeeded, so a failed run never leaves a half-written
+output and never touches the input.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from rtanon.config import SAMPLE_RATE_HZ
+
+BLOCK_SECONDS = 10.0
+
+
+class AudioFileError(Exception):
+    """An input or output file cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    path: Path
+    sample_rate_hz: int
+    channels: int
+    frames: int
+    subtype: str
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.sample_rate_hz
+
+
+def probe(path: str | os.PathLike) -> AudioInfo:
+    """Reads the header of ``path``; raises AudioFileError with the reason."""
+    path = Path(path)
+    if not path.exists():
+        raise AudioFileError(f"{path}: no such file")
+    if path.is_dir():
+        raise AudioFileError(f"{path}: is a directory, expected an audio file")
+    try:
+        info = sf.info(str(path))
+    except Exception as exc:  # libsndfile's messages are terse: add what we expected
+        raise AudioFileError(f"{path}: not a readable audio file (WAV, FLAC, OGG...): {exc}") from None
+    if info.frames == 0:
+        raise AudioFileError(f"{path}: the file holds no audio frames")
+    return AudioInfo(path, int(info.samplerate), int(info.channels), int(info.frames), info.subtype)
+
+
+def read_blocks(path: str | os.PathLike, block_seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
+    """Yields the file as 16 kHz mono float32 blocks in [-1, 1].
+
+    Channels are averaged; non-finite samples become 0; other rates are
+    resampled with a streaming soxr resampler. A file that ends early (a
+    truncated download) raises AudioFileError.
+    """
+    info = probe(path)
+    resampler = None
+    if info.sample_rate_hz != SAMPLE_RATE_HZ:
+        resampler = soxr.ResampleStream(info.sample_rate_hz, SAMPLE_RATE_HZ, 1, dtype="float32")
+    block_frames = max(1, int(block_seconds * info.sample_rate_hz))
+    got = 0
+    try:
+        with sf.SoundFile(str(info.path)) as f:
+            for block in f.blocks(blocksize=block_frames, dtype="float32", always_2d=True):
+                got += block.shape[0]
+                mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
+                mono = np.nan_to_num(mono, nan=0.0, posinf=1.0, neginf=-1.0)
+                mono = np.clip(mono, -1.0, 1.0)
+                yield resampler.resample_chunk(mono) if resampler else mono
+    except sf.LibsndfileError as exc:
+        raise AudioFileError(f"{info.path}: unreadable audio data: {exc}") from None
+    if resampler is not None:
+        yield resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+    if got < info.frames:
+        raise AudioFileError(f"{info.path}: truncated: header says {info.frames} frames, read {got}")
+
+
+def read_audio(path: str | os.PathLike) -> np.ndarray:
+    """Whole file as 16 kHz mono float32 (for short files; see read_blocks)."""
+    blocks = list(read_blocks(path))
+    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+
+
+class AtomicWriter:
+    """Writes mono float32 blocks given at 16 kHz to ``path`` at
+    ``sample_rate_hz`` (resampled on the way), atomically.
+
+    Use as a context manager; the file appears under its final name only if
+    the block exits without an exception. The format follows the extension
+    (``.wav`` 16-bit PCM, ``.flac``, ``.ogg``).
+    """
+
+    def __init__(self, path: str | os.PathLike, sample_rate_hz: int = SAMPLE_RATE_HZ,
+                 frames: int | None = None) -> None:
+        self.path = Path(path)
+        self.sample_rate_hz = int(sample_rate_hz)
+        self._frames = frames  # exact output length, when known
+        fmt = self.path.suffix.lower().lstrip(".")
+        if fmt.upper() not in sf.available_formats():
+            raise AudioFileError(f"{self.path}: unknown output format {fmt!r}; use .wav, .flac or .ogg")
+        self._format = fmt.upper()
+        self._resampler = None
+        if self.sample_rate_hz != SAMPLE_RATE_HZ:
+            self._resampler = soxr.ResampleStream(SAMPLE_RATE_HZ, self.sample_rate_hz, 1, dtype="float32")
+        self.frames_written = 0
+
+    def __enter__(self) -> "AtomicWriter":
+        directory = self.path.parent if str(self.path.parent) else Path(".")
+        if not directory.is_dir():
+            raise AudioFileError(f"{self.path}: folder {directory} does not exist")
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=directory)
+        os.close(fd)
+        subtype = "PCM_16" if self._format in ("WAV", "FLAC") else None
+        self._file = sf.SoundFile(self._tmp, "w", self.sample_rate_hz, 1, subtype=subtype, format=self._format)
+        return self
+
+    def write(self, block: np.ndarray) -> None:
+        """Appends a block of 16 kHz mono float32 samples."""
+        if self._resampler is not None:
+            block = self._resampler.resample_chunk(np.ascontiguousarray(block, np.float32))
+        self._write(block)
+
+    def _write(self, block: np.ndarray) -> None:
+        if self._frames is not None:
+            block = block[: max(0, self._frames - self.frames_written)]
+        self._file.write(np.clip(block, -1.0, 1.0))
+        self.frames_written += block.shape[0]
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None and self._resampler is not None:
+                self._write(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+            if exc_type is None and self._frames is not None and self.frames_written < self._frames:
+                self._write(np.zeros(self._frames - self.frames_written, np.float32))
+            self._file.close()
+            if exc_type is None:
+                os.replace(self._tmp, self.path)
+        finally:
+            if os.path.exists(self._tmp):
+                os.unlink(self._tmp)
+
+
+def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, progress=None) -> AudioInfo:
+    """Runs ``src`` through ``session`` chunk by chunk, exactly as the live path
+    would (minus its delay), and writes ``dst`` atomically at ``src``'s sample
+    rate, mono, with the same number of frames. ``progress(seconds)`` is called
+    per block when given. Returns the input's AudioInfo."""
+    info = probe(src)
+    if Path(dst).resolve() == info.path.resolve():
+        raise AudioFileError(f"{dst}: output would overwrite the input; choose another path")
+
+    def blocks():
+        for block in read_blocks(src):
+            yield block
+            if progress is not None:
+                progress(block.shape[0] / SAMPLE_RATE_HZ)
+
+    with AtomicWriter(dst, info.sample_rate_hz, frames=info.frames) as writer:
+        for out in session.iter_process(blocks()):
+            writer.write(out)
+    return info

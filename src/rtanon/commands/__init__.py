@@ -1,0 +1,1 @@
+"""One module per ``rtanon`` subcommand, each with ``register(subparsers)``."""

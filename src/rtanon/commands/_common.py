@@ -1,0 +1,34 @@
+"""Arguments shared by the commands that run the engine."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from rtanon.config import ALLOWED_CHUNK_MS, AnonymizerConfig, StreamConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    from rtanon.methods import METHODS
+
+    default = AnonymizerConfig()
+    p.add_argument("--method", default=default.method, choices=sorted(METHODS),
+                   help=f"anonymization method (default: {default.method})")
+    p.add_argument("--chunk-ms", type=int, default=default.stream.chunk_ms, choices=ALLOWED_CHUNK_MS,
+                   help=f"processing chunk in ms; also the buffering delay (default: {default.stream.chunk_ms})")
+
+
+def add_seed_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=None,
+                   help="pin the pseudo-voice (reproducible runs); by default every run draws a fresh, "
+                        "unlinkable voice from the OS random source")
+
+
+def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
+    return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms))
+
+
+def anonymizer_from_args(args: argparse.Namespace):
+    from rtanon.engine import Anonymizer
+
+    return Anonymizer(config_from_args(args))

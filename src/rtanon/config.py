@@ -1,0 +1,105 @@
+"""Configuration dataclasses: one set of defaults, each with ``validate()``.
+
+``AnonymizerConfig`` nests everything an :class:`rtanon.engine.Anonymizer`
+needs: the stream format (``StreamConfig``), the VAD (``VadConfig``) and the
+per-method settings (``McAdamsConfig``). Every ``validate()`` raises
+``ConfigError`` with a message that says how to fix the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Internal sample rate of every stage: 16 kHz mono float32 in [-1, 1].
+SAMPLE_RATE_HZ = 16_000
+#: Chunk sizes the engine accepts, in ms (webrtcvad works on 10 ms frames).
+ALLOWED_CHUNK_MS = (10, 20, 30, 40)
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Chunking of the stream. ``chunk_ms`` is both the processing hop and the
+    buffering delay it adds."""
+
+    chunk_ms: int = 20
+
+    @property
+    def chunk_samples(self) -> int:
+        return SAMPLE_RATE_HZ * self.chunk_ms // 1000
+
+    def validate(self) -> None:
+        if self.chunk_ms not in ALLOWED_CHUNK_MS:
+            raise ConfigError(f"chunk_ms={self.chunk_ms} is not supported; use one of {ALLOWED_CHUNK_MS} "
+                              "(10 to 40 ms in steps of 10 ms)")
+
+
+@dataclass(frozen=True)
+class VadConfig:
+    """Voice activity detection (webrtcvad) and what non-speech becomes.
+
+    ``aggressiveness`` 0..3 (3 rejects most non-speech); ``hangover_ms`` keeps
+    the gate open after the last speech frame so word endings are not cut;
+    ``comfort_noise_dbfs`` is the RMS level of the noise played instead of
+    non-speech (``None`` plays digital silence).
+    """
+
+    aggressiveness: int = 2
+    hangover_ms: int = 200
+    comfort_noise_dbfs: float | None = -66.0
+
+    def validate(self) -> None:
+        if self.aggressiveness not in (0, 1, 2, 3):
+            raise ConfigError(f"VAD aggressiveness={self.aggressiveness}; use 0, 1, 2 or 3")
+        if not 0 <= self.hangover_ms <= 2000:
+            raise ConfigError(f"VAD hangover_ms={self.hangover_ms}; use 0 to 2000 ms")
+        if self.comfort_noise_dbfs is not None and not -120.0 <= self.comfort_noise_dbfs <= -40.0:
+            raise ConfigError(f"comfort_noise_dbfs={self.comfort_noise_dbfs}; use -120 to -40 dBFS, "
+                              "or None for silence")
+
+
+@dataclass(frozen=True)
+class McAdamsConfig:
+    """McAdams-coefficient anonymization (VoicePrivacy baseline B2).
+
+    Each session draws its coefficient uniformly from
+    [``alpha_min``, ``alpha_max``]; pole angles φ become φ**α. ``lpc_order``
+    poles per ``window_ms`` frame, frames every ``window_ms / 2``.
+    """
+
+    alpha_min: float = 0.75
+    alpha_max: float = 0.9
+    lpc_order: int = 20
+    window_ms: int = 20
+
+    def validate(self) -> None:
+        if not 0.5 <= self.alpha_min <= self.alpha_max <= 0.95:
+            raise ConfigError(f"McAdams alpha range [{self.alpha_min}, {self.alpha_max}] must satisfy "
+                              "0.5 <= alpha_min <= alpha_max <= 0.95 (alpha near 1 barely changes the voice)")
+        if not 8 <= self.lpc_order <= 40:
+            raise ConfigError(f"lpc_order={self.lpc_order}; use 8 to 40 (20 at 16 kHz is standard)")
+        if self.window_ms not in (20,):
+            raise ConfigError(f"window_ms={self.window_ms}; only 20 ms (10 ms hop) is supported")
+
+
+@dataclass(frozen=True)
+class AnonymizerConfig:
+    """Everything an Anonymizer is built from. ``method`` names an entry of
+    :data:`rtanon.methods.METHODS`."""
+
+    method: str = "mcadams"
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    vad: VadConfig = field(default_factory=VadConfig)
+    mcadams: McAdamsConfig = field(default_factory=McAdamsConfig)
+
+    def validate(self) -> None:
+        from rtanon.methods import METHODS  # late import: methods import this module
+
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {sorted(METHODS)}")
+        self.stream.validate()
+        self.vad.validate()
+        self.mcadams.validate()

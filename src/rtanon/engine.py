@@ -1,0 +1,192 @@
+"""The streaming engine: a shared ``Anonymizer`` and per-session ``Session``.
+
+``Anonymizer(config)`` is immutable and shared (method, models,
+configuration); ``anonymizer.open_session(seed=None)`` returns a ``Session``
+holding every piece of state (stage buffers, VAD, counters) and a fresh
+pseudo-voice drawn from the OS random source unless a seed pins it.
+
+``Session.process(chunk)`` takes one chunk of 16 kHz mono float32 and returns
+one chunk of anonymized audio, ``algorithmic_latency_samples`` later. It fails
+closed: non-speech, a stage exception, or a non-finite stage output all give
+comfort noise (or silence), never the input.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rtanon.config import SAMPLE_RATE_HZ, AnonymizerConfig
+from rtanon.methods import METHODS, Method
+from rtanon.stages import Stage, check_chunk
+from rtanon.stages.vad import VadStage
+
+
+@dataclass
+class Counters:
+    """Per-session event counters, shown in the live status line."""
+
+    chunks: int = 0
+    speech_chunks: int = 0
+    stage_errors: int = 0
+    nonfinite_inputs: int = 0
+    missed_deadlines: int = 0  # output needed before the worker had it (live)
+    input_overflows: int = 0  # device-reported (live)
+    output_underflows: int = 0  # device-reported (live)
+    last_error: str = ""
+
+
+@dataclass
+class StageTimes:
+    """Per-chunk compute times in ns, by stage name (filled when profiling)."""
+
+    by_stage: dict[str, list[int]] = field(default_factory=dict)
+    total: list[int] = field(default_factory=list)
+
+    def add(self, name: str, ns: int) -> None:
+        self.by_stage.setdefault(name, []).append(ns)
+
+
+class Anonymizer:
+    """Shared, immutable part of rtanon: configuration and method models."""
+
+    def __init__(self, config: AnonymizerConfig | None = None) -> None:
+        config = config or AnonymizerConfig()
+        config.validate()
+        self.config = config
+        self.method: Method = METHODS[config.method](config)
+
+    @property
+    def chunk_samples(self) -> int:
+        return self.config.stream.chunk_samples
+
+    def open_session(self, seed: int | None = None, *, profile: bool = False) -> "Session":
+        """A new stream with its own pseudo-voice. ``seed=None`` draws the voice
+        from the OS random source (the default: unlinkable across sessions)."""
+        return Session(self, np.random.default_rng(seed), profile=profile)
+
+
+class Session:
+    """One anonymized stream. Not thread-safe: one worker calls ``process``."""
+
+    def __init__(self, anonymizer: Anonymizer, rng: np.random.Generator, *, profile: bool = False) -> None:
+        cfg = anonymizer.config
+        self.anonymizer = anonymizer
+        self.chunk_samples = cfg.stream.chunk_samples
+        self._method = anonymizer.method
+        self.vad = VadStage(cfg.vad, self.chunk_samples)
+        self.stages: list[Stage] = anonymizer.method.make_stages(rng)
+        self.counters = Counters()
+        self.times = StageTimes() if profile else None
+        self._noise_rng = np.random.default_rng(rng.integers(2**63))
+        level = cfg.vad.comfort_noise_dbfs
+        self._noise_rms = 0.0 if level is None else float(10.0 ** (level / 20.0))
+        self._gain = 0.0
+
+    @property
+    def algorithmic_latency_samples(self) -> int:
+        """Buffering (one chunk) plus every stage's own delay."""
+        return self.chunk_samples + self.stage_latency_samples
+
+    @property
+    def stage_latency_samples(self) -> int:
+        return self.vad.latency_samples + sum(s.latency_samples for s in self.stages)
+
+    @property
+    def voice(self) -> dict:
+        """Description of this session's pseudo-voice."""
+        return self._method.describe_voice(self.stages)
+
+    def comfort_noise(self, n: int) -> np.ndarray:
+        """``n`` samples of the session's comfort noise (float32, 16 kHz)."""
+        if self._noise_rms == 0.0:
+            return np.zeros(n, dtype=np.float32)
+        return (self._noise_rng.standard_normal(n) * self._noise_rms).astype(np.float32)
+
+    def reset(self) -> None:
+        """Forgets the audio history; keeps the pseudo-voice and counters."""
+        self.vad.reset()
+        for stage in self.stages:
+            stage.reset()
+        self._gain = 0.0
+
+    def process(self, chunk: np.ndarray) -> np.ndarray:
+        """One chunk in (``chunk_samples`` float32 at 16 kHz, mono), one chunk of
+        anonymized audio out (same shape, float32 in [-1, 1])."""
+        check_chunk(chunk, self.chunk_samples, "Session.process")
+        t0 = time.perf_counter_ns()
+        if not np.isfinite(chunk).all():
+            self.counters.nonfinite_inputs += 1
+            chunk = np.nan_to_num(chunk, nan=0.0, posinf=1.0, neginf=-1.0)
+        x = np.clip(chunk, -1.0, 1.0)
+        try:
+            speech = self._timed("vad", self.vad.process, x)
+            y = x
+            for stage in self.stages:
+                y = self._timed(type(stage).__name__, stage.process, y)
+            if y is x or y.shape != x.shape or not np.isfinite(y).all():
+                raise FloatingPointError("stage output is not a new finite chunk of the input's shape")
+        except Exception as exc:  # fail closed: anything wrong in a stage gives comfort noise
+            self.counters.stage_errors += 1
+            self.counters.last_error = f"{type(exc).__name__}: {exc}"
+            self.reset()
+            speech, y = False, np.zeros_like(x)
+        self.counters.chunks += 1
+        self.counters.speech_chunks += bool(speech)
+        target = 1.0 if speech else 0.0
+        ramp = np.linspace(self._gain, target, self.chunk_samples, endpoint=False, dtype=np.float32)
+        self._gain = target
+        out = ramp * y + (1.0 - ramp) * self.comfort_noise(self.chunk_samples)
+        out = np.clip(out, -1.0, 1.0).astype(np.float32, copy=False)
+        if self.times is not None:
+            self.times.total.append(time.perf_counter_ns() - t0)
+        return out
+
+    def _timed(self, name, fn, arg):
+        if self.times is None:
+            return fn(arg)
+        t0 = time.perf_counter_ns()
+        result = fn(arg)
+        self.times.add(name, time.perf_counter_ns() - t0)
+        return result
+
+    def process_signal(self, signal: np.ndarray) -> np.ndarray:
+        """Whole-signal helper (16 kHz mono float32): chunks it, compensates the
+        stage delay, and returns exactly ``len(signal)`` samples, equal to what
+        the live path would play ``stage_latency_samples`` later."""
+        return np.concatenate(list(self.iter_process(iter([signal]))) or [np.zeros(0, np.float32)])
+
+    def iter_process(self, blocks):
+        """Streams any iterable of 16 kHz float32 blocks (any sizes) through the
+        session; yields delay-compensated output blocks whose total length
+        equals the total input length. Memory stays constant."""
+        n = self.chunk_samples
+        skip = self.stage_latency_samples
+        buf = np.zeros(0, dtype=np.float32)
+        total_in = total_out = 0
+        for block in blocks:
+            block = np.asarray(block, dtype=np.float32)
+            total_in += block.shape[0]
+            buf = np.concatenate((buf, block))
+            usable = buf.shape[0] // n * n
+            if usable:
+                out, skip, total_out = self._run(buf[:usable], skip, total_out, total_in)
+                buf = buf[usable:]
+                if out.size:
+                    yield out
+        # flush: pad the last partial chunk, then push zeros until the delayed tail is out
+        tail_needed = total_in - total_out
+        pad_chunks = -(-(buf.shape[0] + self.stage_latency_samples) // n)
+        flush = np.concatenate((buf, np.zeros(pad_chunks * n - buf.shape[0], np.float32)))
+        out, _, _ = self._run(flush, skip, total_out, total_in)
+        yield out[:tail_needed]
+
+    def _run(self, x: np.ndarray, skip: int, total_out: int, total_in: int):
+        outs = [self.process(c) for c in x.reshape(-1, self.chunk_samples)]
+        out = np.concatenate(outs)
+        drop = min(skip, out.shape[0])
+        out = out[drop:]
+        out = out[: max(0, total_in - total_out)]
+        return out, skip - drop, total_out + out.shape[0]

@@ -1,0 +1,71 @@
+"""Kaldi-style data directories: wav.scp, utt2spk, spk2gender (spk2age, text).
+
+``KaldiDir.load(path)`` reads one; paths in wav.scp are relative to the
+directory (absolute paths work too). Piped wav.scp entries (``cmd |``) are
+refused with a clear message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class KaldiDirError(Exception):
+    """A Kaldi-style directory is missing a file or has a malformed line."""
+
+
+def _read_map(path: Path, required: bool = True) -> dict[str, str]:
+    if not path.exists():
+        if required:
+            raise KaldiDirError(f"{path}: missing (a Kaldi-style directory needs wav.scp, utt2spk, spk2gender)")
+        return {}
+    table: dict[str, str] = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split(maxsplit=1)
+        if len(parts) != 2:
+            raise KaldiDirError(f"{path}:{lineno}: expected '<key> <value>', got {line!r}")
+        table[parts[0]] = parts[1].strip()
+    return table
+
+
+@dataclass(frozen=True)
+class KaldiDir:
+    root: Path
+    wav: dict[str, Path]  # utt -> audio path
+    utt2spk: dict[str, str]
+    spk2gender: dict[str, str]
+    spk2age: dict[str, str] = field(default_factory=dict)
+    text: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, root: str | Path) -> "KaldiDir":
+        root = Path(root)
+        if not root.is_dir():
+            raise KaldiDirError(f"{root}: not a directory")
+        wav = {}
+        for utt, value in _read_map(root / "wav.scp").items():
+            if value.endswith("|"):
+                raise KaldiDirError(f"{root / 'wav.scp'}: utterance {utt} is a pipe ({value!r}); "
+                                    "convert the audio to files first")
+            p = Path(value)
+            wav[utt] = p if p.is_absolute() else root / p
+        utt2spk = _read_map(root / "utt2spk")
+        missing = sorted(set(wav) - set(utt2spk))
+        if missing:
+            raise KaldiDirError(f"{root / 'utt2spk'}: no speaker for {len(missing)} utterances, e.g. {missing[0]}")
+        spk2gender = _read_map(root / "spk2gender")
+        for spk, g in spk2gender.items():
+            if g not in ("m", "f"):
+                raise KaldiDirError(f"{root / 'spk2gender'}: speaker {spk} has gender {g!r}; use m or f")
+        return cls(root, wav, utt2spk, spk2gender,
+                   _read_map(root / "spk2age", required=False), _read_map(root / "text", required=False))
+
+    @property
+    def speakers(self) -> list[str]:
+        return sorted(set(self.utt2spk.values()))
+
+    def utterances_of(self, spk: str) -> list[str]:
+        return sorted(u for u, s in self.utt2spk.items() if s == spk and u in self.wav)

@@ -1,0 +1,51 @@
+"""Voice activity detection with hangover (webrtcvad)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rtanon.config import SAMPLE_RATE_HZ, VadConfig
+from rtanon.stages.base import check_chunk
+
+_FRAME_SAMPLES = SAMPLE_RATE_HZ // 100  # webrtcvad frames of 10 ms
+
+
+class VadStage:
+    """Decides per chunk whether the gate is open (speech) or closed.
+
+    ``process(chunk)`` takes ``hop`` samples of 16 kHz mono float32 in [-1, 1]
+    and returns ``True`` when any 10 ms frame in it is speech, or when speech
+    was seen less than ``hangover_ms`` ago. It never passes audio through: the
+    engine plays comfort noise for closed chunks.
+    """
+
+    def __init__(self, config: VadConfig, hop: int) -> None:
+        import webrtcvad  # from the webrtcvad-wheels distribution
+
+        if hop % _FRAME_SAMPLES:
+            raise ValueError(f"VAD hop must be a multiple of {_FRAME_SAMPLES} samples (10 ms), got {hop}")
+        self._vad = webrtcvad.Vad(config.aggressiveness)
+        self._hop = hop
+        self._hangover_frames = config.hangover_ms * SAMPLE_RATE_HZ // 1000 // _FRAME_SAMPLES
+        self._frames_since_speech = self._hangover_frames + 1
+
+    @property
+    def hop(self) -> int:
+        return self._hop
+
+    @property
+    def latency_samples(self) -> int:
+        return 0
+
+    def process(self, chunk: np.ndarray) -> bool:
+        check_chunk(chunk, self._hop, "VadStage")
+        pcm = (np.clip(chunk, -1.0, 1.0) * 32767.0).astype("<i2")
+        for frame in pcm.reshape(-1, _FRAME_SAMPLES):
+            if self._vad.is_speech(frame.tobytes(), SAMPLE_RATE_HZ):
+                self._frames_since_speech = 0
+            else:
+                self._frames_since_speech += 1
+        return self._frames_since_speech <= self._hangover_frames
+
+    def reset(self) -> None:
+        self._frames_since_speech = self._hangover_frames + 1

@@ -1,0 +1,39 @@
+"""Shared fixtures: real speech from ../shared/data (never copied into the repo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def _dev_wavs() -> list[Path]:
+    scp = SHARED_DATA / "so762_dev" / "wav.scp"
+    if not scp.exists():
+        return []
+    return [SHARED_DATA / "so762_dev" / line.split()[1] for line in scp.read_text().splitlines()[:64:8]]
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"speech data not found at {SHARED_DATA} (CI puts ../shared beside the checkout)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def speech_paths(shared_data) -> list[Path]:
+    """Eight so762_dev utterances from eight different speakers."""
+    return _dev_wavs()
+
+
+@pytest.fixture(scope="session")
+def speech(speech_paths) -> np.ndarray:
+    """One real utterance, 16 kHz mono float32."""
+    from rtanon.audio_io import read_audio
+
+    return read_audio(speech_paths[0])
