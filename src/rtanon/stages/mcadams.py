@@ -11,8 +11,8 @@ excitation (pitch, timing) is kept.
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import solve_toeplitz
-from scipy.signal import lfilter
+from scipy.linalg import companion, solve_toeplitz
+from scipy.signal import lfilter, sosfilt
 
 from rtanon.config import SAMPLE_RATE_HZ, McAdamsConfig
 from rtanon.stages.base import check_chunk
@@ -24,11 +24,27 @@ def lpc(frame: np.ndarray, order: int) -> np.ndarray:
     """LPC polynomial ``[1, a1, ..., a_order]`` (float64) of a windowed frame,
     by the autocorrelation method with a small white-noise floor."""
     n = frame.shape[0]
-    spec = np.fft.rfft(frame, 2 * n)
-    r = np.fft.irfft(spec.real**2 + spec.imag**2)[: order + 1]
+    r = np.correlate(frame, frame, "full")[n - 1 : n + order]
     r[0] = r[0] * (1.0 + 1e-6) + _EPS
-    a = solve_toeplitz(r[:order], -r[1 : order + 1])
+    a = solve_toeplitz(r[:order], -r[1 : order + 1], check_finite=False)
     return np.concatenate(([1.0], a))
+
+
+def _all_pole_sections(complex_poles: np.ndarray, real_poles: np.ndarray) -> np.ndarray:
+    """Second-order sections (``sosfilt`` layout) of the all-pole filter with the
+    given upper-half-plane complex poles (each with its conjugate) and real poles."""
+    real_poles = np.sort(real_poles.real)
+    if real_poles.shape[0] % 2:
+        real_poles = np.append(real_poles, 0.0)
+    pairs = real_poles.reshape(-1, 2)
+    sos = np.zeros((complex_poles.shape[0] + pairs.shape[0], 6))
+    sos[:, 0] = sos[:, 3] = 1.0
+    k = complex_poles.shape[0]
+    sos[:k, 4] = -2.0 * complex_poles.real
+    sos[:k, 5] = np.abs(complex_poles) ** 2
+    sos[k:, 4] = -(pairs[:, 0] + pairs[:, 1])
+    sos[k:, 5] = pairs[:, 0] * pairs[:, 1]
+    return sos
 
 
 def mcadams_frame(frame: np.ndarray, alpha: float, order: int) -> np.ndarray:
@@ -36,16 +52,13 @@ def mcadams_frame(frame: np.ndarray, alpha: float, order: int) -> np.ndarray:
     out, same length). ``alpha == 1`` returns the frame unchanged (up to
     rounding), which the tests use to check the resynthesis."""
     a = lpc(frame, order)
-    poles = np.roots(a)
-    upper = poles.imag > 1e-12
-    angles = np.angle(poles[upper])
-    new_angles = np.clip(angles**alpha, 0.0, np.pi)
-    mags = np.abs(poles[upper])
-    moved = mags * np.exp(1j * new_angles)
-    new_poles = np.concatenate((poles[np.abs(poles.imag) <= 1e-12], moved, moved.conj()))
-    a_new = np.real(np.poly(new_poles))
+    poles = np.linalg.eigvals(companion(a))
+    upper = poles[poles.imag > 1e-12]
+    real = poles[np.abs(poles.imag) <= 1e-12]
+    new_angles = np.clip(np.angle(upper) ** alpha, 0.0, np.pi)
+    moved = np.abs(upper) * np.exp(1j * new_angles)
     residual = lfilter(a, [1.0], frame)
-    out = lfilter([1.0], a_new, residual)
+    out = sosfilt(_all_pole_sections(moved, real), residual)
     e_in = float(np.dot(frame, frame))
     e_out = float(np.dot(out, out))
     if e_out > _EPS:

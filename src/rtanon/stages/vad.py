@@ -24,7 +24,8 @@ class VadStage:
 
         if hop % _FRAME_SAMPLES:
             raise ValueError(f"VAD hop must be a multiple of {_FRAME_SAMPLES} samples (10 ms), got {hop}")
-        self._vad = webrtcvad.Vad(config.aggressiveness)
+        self._make_vad = lambda: webrtcvad.Vad(config.aggressiveness)
+        self._vad = self._make_vad()
         self._hop = hop
         self._hangover_frames = config.hangover_ms * SAMPLE_RATE_HZ // 1000 // _FRAME_SAMPLES
         self._frames_since_speech = self._hangover_frames + 1
@@ -48,4 +49,5 @@ class VadStage:
         return self._frames_since_speech <= self._hangover_frames
 
     def reset(self) -> None:
+        self._vad = self._make_vad()  # webrtcvad adapts its noise estimate: start afresh
         self._frames_since_speech = self._hangover_frames + 1

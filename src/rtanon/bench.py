@@ -1,0 +1,190 @@
+"""Benchmarks: algorithmic latency, per-chunk compute, and end-to-end latency.
+
+``bench_compute`` runs a session over real speech and reports, per stage and
+in total, the per-chunk compute time (p50, p99 in ms) and the real-time factor
+(compute seconds per audio second); the algorithmic latency is the sum of
+the stages' ``latency_samples`` plus one chunk of buffering.
+
+``bench_stage`` times one registered stage alone (``--stage NAME``).
+
+``measure_e2e`` measures microphone-to-virtual-microphone latency through a
+private PulseAudio daemon: a fake microphone (null sink monitor) fed with
+speech, ``rtanon live`` between it and the rtanon virtual device, and both the
+fake microphone and the rtanon microphone recorded in one process with
+PortAudio timestamps. The delay comes from cross-correlating their energy
+envelopes (robust to the voice change).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from rtanon.config import SAMPLE_RATE_HZ, AnonymizerConfig
+from rtanon.engine import Anonymizer
+
+WARMUP_CHUNKS = 10
+
+
+def _stats(ns: list[int], audio_s: float) -> dict:
+    ms = np.asarray(ns, np.float64) / 1e6
+    return {"compute_p50_ms": float(np.percentile(ms, 50)), "compute_p99_ms": float(np.percentile(ms, 99)),
+            "compute_max_ms": float(ms.max()), "rtf": float(ms.sum() / 1000.0 / audio_s)}
+
+
+def speech_signal(seconds: float, path: str | None = None) -> np.ndarray:
+    """``seconds`` of speech at 16 kHz: ``path`` or the embedded sample, looped."""
+    from rtanon.audio_io import read_audio
+    from rtanon.resources import demo_speech_path
+
+    if path is None:
+        with demo_speech_path() as p:
+            x = read_audio(p)
+    else:
+        x = read_audio(path)
+    reps = int(np.ceil(seconds * SAMPLE_RATE_HZ / x.shape[0]))
+    return np.tile(x, reps)[: int(seconds * SAMPLE_RATE_HZ)]
+
+
+def bench_compute(anonymizer: Anonymizer, signal: np.ndarray) -> dict:
+    """Per-stage and total compute figures of one session over ``signal``."""
+    session = anonymizer.open_session(seed=0, profile=True)
+    n = session.chunk_samples
+    chunks = signal[: signal.shape[0] // n * n].reshape(-1, n)
+    for c in chunks[:WARMUP_CHUNKS]:
+        session.process(c)
+    session.times.by_stage.clear()
+    session.times.total.clear()
+    for c in chunks[WARMUP_CHUNKS:]:
+        session.process(c)
+    audio_s = (chunks.shape[0] - WARMUP_CHUNKS) * n / SAMPLE_RATE_HZ
+    stage_lat = {"vad": session.vad.latency_samples}
+    stage_lat.update({type(s).__name__: s.latency_samples for s in session.stages})
+    stages = {name: {"latency_ms": 1000.0 * stage_lat.get(name, 0) / SAMPLE_RATE_HZ, **_stats(ns, audio_s)}
+              for name, ns in session.times.by_stage.items()}
+    return {"method": anonymizer.config.method, "chunk_ms": anonymizer.config.stream.chunk_ms,
+            "audio_s": audio_s, "buffering_ms": 1000.0 * n / SAMPLE_RATE_HZ,
+            "algorithmic_latency_ms": 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ,
+            **_stats(session.times.total, audio_s), "stages": stages}
+
+
+def _vad_stage(config: AnonymizerConfig):
+    from rtanon.stages.vad import VadStage
+
+    return VadStage(config.vad, config.stream.chunk_samples)
+
+
+def _mcadams_stage(config: AnonymizerConfig):
+    from rtanon.stages.mcadams import McAdamsStage
+
+    return McAdamsStage(config.mcadams, config.stream.chunk_samples, alpha=0.8)
+
+
+#: Stages that ``rtanon bench --stage NAME`` can time alone: name -> factory(config).
+BENCH_STAGES: dict[str, Callable[[AnonymizerConfig], object]] = {
+    "vad": _vad_stage,
+    "mcadams": _mcadams_stage,
+}
+
+
+def bench_stage(name: str, config: AnonymizerConfig, signal: np.ndarray) -> dict:
+    """Times the stage ``name`` alone, chunk by chunk, over ``signal``."""
+    stage = BENCH_STAGES[name](config)
+    n = stage.hop
+    chunks = signal[: signal.shape[0] // n * n].reshape(-1, n).astype(np.float32)
+    times = []
+    for i, c in enumerate(chunks):
+        t0 = time.perf_counter_ns()
+        stage.process(c)
+        if i >= WARMUP_CHUNKS:
+            times.append(time.perf_counter_ns() - t0)
+    audio_s = len(times) * n / SAMPLE_RATE_HZ
+    lat = 1000.0 * stage.latency_samples / SAMPLE_RATE_HZ
+    figures = {"latency_ms": lat, **_stats(times, audio_s)}
+    return {"stage": name, "chunk_ms": 1000.0 * n / SAMPLE_RATE_HZ, "audio_s": audio_s,
+            "algorithmic_latency_ms": lat, **figures, "stages": {name: figures}}
+
+
+# -- end to end ------------------------------------------------------------------
+
+class _TimestampedRecorder:
+    """Records one PulseAudio source through PortAudio, keeping each block's ADC time."""
+
+    def __init__(self, source: str) -> None:
+        import os
+
+        import sounddevice as sd
+
+        os.environ["PULSE_SOURCE"] = source  # read when the stream opens
+        self.blocks: list[tuple[float, np.ndarray]] = []
+        self.stream = sd.InputStream(device="pulse", channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32",
+                                     blocksize=160, latency="low", callback=self._cb)
+
+    def _cb(self, indata, frames, time_info, status):
+        self.blocks.append((time_info.inputBufferAdcTime, indata[:, 0].copy()))
+
+    def signal(self, t0: float) -> np.ndarray:
+        """The recording placed on a common timeline starting at stream time ``t0``."""
+        end = max(t + b.shape[0] / SAMPLE_RATE_HZ for t, b in self.blocks)
+        out = np.zeros(int((end - t0) * SAMPLE_RATE_HZ) + 1, np.float32)
+        for t, b in self.blocks:
+            i = int(round((t - t0) * SAMPLE_RATE_HZ))
+            if i >= 0:
+                out[i : i + b.shape[0]] = b[: out.shape[0] - i]
+        return out
+
+
+def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0) -> dict:
+    """Microphone-to-virtual-microphone latency through a private PulseAudio."""
+    import os
+
+    import soundfile as sf
+
+    from rtanon import pulse
+    from rtanon.analysis import envelope_delay_s, max_xcorr
+
+    speech = speech_signal(seconds)
+    gap = np.zeros(SAMPLE_RATE_HZ // 2, np.float32)
+    played = np.concatenate((gap, speech, gap))
+    with tempfile.TemporaryDirectory(prefix="rtanon-e2e-") as tmp, pulse.PulseDaemon() as pd:
+        wav = Path(tmp) / "mic.wav"
+        sf.write(wav, played, SAMPLE_RATE_HZ)
+        pd.load_null_sink("rtanon_fake_mic", SAMPLE_RATE_HZ)
+        pulse.create(pd.env)
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(pd.env)
+        live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:rtanon_fake_mic.monitor",
+                                 "--output", "rtanon", "--method", method, "--chunk-ms", str(chunk_ms),
+                                 "--seed", str(seed), "--quiet", "--duration", str(seconds + 4.0)],
+                                env=pd.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(1.5)  # live streams open
+            mic = _TimestampedRecorder("rtanon_fake_mic.monitor")
+            anon = _TimestampedRecorder(pulse.SOURCE_NAME)
+            with mic.stream, anon.stream:
+                time.sleep(0.3)
+                subprocess.run(["paplay", "--device=rtanon_fake_mic", str(wav)], env=pd.env, check=True)
+                time.sleep(0.8)
+            live_out, _ = live.communicate(timeout=30)
+        finally:
+            if live.poll() is None:
+                live.kill()
+            os.environ.clear()
+            os.environ.update(saved)
+    t0 = min(mic.blocks[0][0], anon.blocks[0][0])
+    x_mic, x_anon = mic.signal(t0), anon.signal(t0)
+    n = min(x_mic.shape[0], x_anon.shape[0])
+    delay = envelope_delay_s(x_mic[:n], x_anon[:n])
+    return {"e2e_latency_ms": 1000.0 * delay, "method": method, "chunk_ms": chunk_ms,
+            "recorded_s": n / SAMPLE_RATE_HZ,
+            "xcorr_mic_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_mic),
+            "xcorr_anon_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_anon),
+            "live_summary": live_out.strip().splitlines()[-1] if live_out.strip() else ""}

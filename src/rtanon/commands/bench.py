@@ -1,0 +1,72 @@
+"""``rtanon bench``: latency and compute figures of a method or one stage."""
+
+from __future__ import annotations
+
+from rtanon.commands._common import add_engine_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="measure algorithmic latency, per-chunk compute (p50/p99) and real-time factor",
+        description="Runs a session over speech (the embedded sample, looped, or --input) and prints, per "
+                    "stage and in total: latency, compute per chunk (p50, p99) and real-time factor "
+                    "(compute time / audio time; < 1 is faster than real time). --stage times one stage "
+                    "alone; --e2e measures microphone-to-virtual-microphone latency through a private "
+                    "PulseAudio daemon. With --json the last line is one JSON object.")
+    add_engine_args(p)
+    p.add_argument("--stage", default=None, metavar="NAME", help="time one stage alone (see the list in --help of "
+                   "rtanon.bench.BENCH_STAGES: vad, mcadams, ...)")
+    p.add_argument("--seconds", type=float, default=30.0, help="audio to process (default: 30)")
+    p.add_argument("--input", default=None, metavar="WAV", help="speech to use instead of the embedded sample")
+    p.add_argument("--e2e", action="store_true", help="also measure end-to-end latency through PulseAudio")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+
+    from rtanon import bench
+    from rtanon.commands._common import config_from_args
+    from rtanon.engine import Anonymizer
+    from rtanon.errors import CliError
+
+    config = config_from_args(args)
+    signal = bench.speech_signal(args.seconds, args.input)
+    if args.stage is not None:
+        if args.stage not in bench.BENCH_STAGES:
+            raise CliError(f"unknown stage {args.stage!r}; choose one of {sorted(bench.BENCH_STAGES)}")
+        config.validate()
+        result = bench.bench_stage(args.stage, config, signal)
+        title = f"stage {args.stage}"
+    else:
+        result = bench.bench_compute(Anonymizer(config), signal)
+        title = f"method {result['method']}"
+    if args.e2e:
+        if args.stage is not None:
+            raise CliError("--e2e measures a whole method; drop --stage")
+        try:
+            result.update(bench.measure_e2e(args.method, args.chunk_ms))
+        except Exception as exc:
+            from rtanon.pulse import PulseError
+
+            if isinstance(exc, (PulseError, OSError)):
+                raise CliError(f"end-to-end measurement needs PulseAudio and PortAudio: {exc}") from None
+            raise
+    print(f"{title}, chunk {result['chunk_ms']:.0f} ms, {result['audio_s']:.1f} s of speech")
+    print(f"{'stage':<16}{'latency ms':>12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'RTF':>9}")
+    for name, s in result["stages"].items():
+        print(f"{name:<16}{s['latency_ms']:>12.1f}{s['compute_p50_ms']:>10.3f}{s['compute_p99_ms']:>10.3f}"
+              f"{s['compute_max_ms']:>10.3f}{s['rtf']:>9.4f}")
+    if args.stage is None:
+        print(f"{'total':<16}{result['algorithmic_latency_ms']:>12.1f}{result['compute_p50_ms']:>10.3f}"
+              f"{result['compute_p99_ms']:>10.3f}{result['compute_max_ms']:>10.3f}{result['rtf']:>9.4f}")
+        print(f"algorithmic latency {result['algorithmic_latency_ms']:.1f} ms = buffering "
+              f"{result['buffering_ms']:.0f} ms + stage delays")
+    if args.e2e:
+        print(f"end-to-end (fake mic -> rtanon live -> virtual mic): {result['e2e_latency_ms']:.0f} ms; "
+              f"waveform similarity to the input: mic {result['xcorr_mic_vs_played']:.2f}, "
+              f"rtanon {result['xcorr_anon_vs_played']:.2f}")
+    if args.json:
+        print(json.dumps(result))
+    return 0

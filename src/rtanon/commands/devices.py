@@ -1,0 +1,23 @@
+"""``rtanon devices``: list audio devices."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "devices", help="list audio input/output devices",
+        description="Lists PortAudio devices with their index. `rtanon live --input/--output` accept the "
+                    "index, a substring of the name (as python-sounddevice matches it), `pulse:NAME` for a "
+                    "PulseAudio/PipeWire source or sink, or `rtanon` for the virtual microphone.")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from rtanon.errors import CliError
+
+    try:
+        import sounddevice as sd
+    except OSError as exc:
+        raise CliError(f"PortAudio is missing ({exc}); install it: sudo apt-get install libportaudio2") from None
+    print(sd.query_devices())
+    return 0

@@ -1,0 +1,265 @@
+"""The real-time loop: PortAudio callbacks that only copy, a worker that processes.
+
+``LiveCore`` is the device-independent heart, testable without a sound card:
+``on_input(samples)`` (input callback) copies captured audio into a native
+ring buffer; ``on_output(out)`` (output callback) copies processed audio
+out of the other ring buffer and, when the worker is late, fills the gap with
+comfort noise and counts a missed deadline. It never copies input to output.
+A worker thread moves audio between the two through the ``Session``,
+resampling device rates to 16 kHz and back with streaming soxr resamplers.
+
+``run_live`` opens the PortAudio streams (python-sounddevice), prints a
+one-line status, and stops cleanly on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+
+from rtanon._core import RingBuffer
+from rtanon.config import SAMPLE_RATE_HZ, ConfigError
+from rtanon.engine import Session
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """``jitter_ms``: processed audio queued ahead of the output callback once
+    audio flows (absorbs worker and device block jitter); ``max_queue_ms``:
+    beyond this the queue is trimmed (clock drift between devices);
+    ``block_ms``: device callback size; ``resampler_quality``: soxr quality
+    for device rates other than 16 kHz (``"LQ"`` keeps its delay low)."""
+
+    jitter_ms: int = 20
+    max_queue_ms: int = 200
+    block_ms: int = 10
+    resampler_quality: str = "LQ"
+
+    def validate(self) -> None:
+        if not 0 <= self.jitter_ms <= 500:
+            raise ConfigError(f"jitter_ms={self.jitter_ms}; use 0 to 500 ms")
+        if not self.jitter_ms < self.max_queue_ms <= 2000:
+            raise ConfigError(f"max_queue_ms={self.max_queue_ms}; use more than jitter_ms and at most 2000")
+        if not 2 <= self.block_ms <= 40:
+            raise ConfigError(f"block_ms={self.block_ms}; use 2 to 40 ms")
+        if self.resampler_quality not in ("QQ", "LQ", "MQ", "HQ", "VHQ"):
+            raise ConfigError(f"resampler_quality={self.resampler_quality!r}; use QQ, LQ, MQ, HQ or VHQ")
+
+
+class LiveCore:
+    """Ring buffers + worker between an input and an output callback."""
+
+    def __init__(self, session: Session, in_rate_hz: int, out_rate_hz: int,
+                 config: LiveConfig | None = None) -> None:
+        self.config = config or LiveConfig()
+        self.config.validate()
+        self.session = session
+        self.in_rate_hz, self.out_rate_hz = int(in_rate_hz), int(out_rate_hz)
+        self._in_ring = RingBuffer(2 * self.in_rate_hz)
+        self._out_ring = RingBuffer(2 * self.out_rate_hz)
+        q = self.config.resampler_quality
+        self._to16 = (soxr.ResampleStream(self.in_rate_hz, SAMPLE_RATE_HZ, 1, dtype="float32", quality=q)
+                      if self.in_rate_hz != SAMPLE_RATE_HZ else None)
+        self._from16 = (soxr.ResampleStream(SAMPLE_RATE_HZ, self.out_rate_hz, 1, dtype="float32", quality=q)
+                        if self.out_rate_hz != SAMPLE_RATE_HZ else None)
+        # comfort noise for the output callback, made up front (no RNG in the callback)
+        self._noise = np.ascontiguousarray(
+            _resample_block(session.comfort_noise(SAMPLE_RATE_HZ), SAMPLE_RATE_HZ, self.out_rate_hz))
+        self._noise_pos = 0
+        self._pending = np.zeros(0, np.float32)
+        self._flowing = False  # set once the worker has produced output
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._worker: threading.Thread | None = None
+        self.level_dbfs = -120.0
+        self.drift_trims = 0
+        self.worker_errors = 0
+
+    # -- callbacks: copies only ------------------------------------------------
+    def on_input(self, samples: np.ndarray) -> None:
+        """Input callback body: ``samples`` 1-D float32 at ``in_rate_hz``."""
+        if self._in_ring.write(samples) < samples.shape[0]:
+            self.session.counters.input_overflows += 1
+        self._wake.set()
+
+    def on_output(self, out: np.ndarray) -> None:
+        """Output callback body: fills all of ``out`` (1-D float32 at ``out_rate_hz``)."""
+        got = self._out_ring.read_into(out)
+        if got < out.shape[0]:
+            self._fill_noise(out[got:])
+            if self._flowing:
+                self.session.counters.missed_deadlines += 1
+
+    def _fill_noise(self, out: np.ndarray) -> None:
+        n, pos, noise = out.shape[0], self._noise_pos, self._noise
+        idx = (pos + np.arange(n)) % noise.shape[0]
+        out[:] = noise[idx]
+        self._noise_pos = (pos + n) % noise.shape[0]
+
+    # -- worker -----------------------------------------------------------------
+    def start(self) -> None:
+        self._worker = threading.Thread(target=self._run, name="rtanon-worker", daemon=True)
+        self._worker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._worker is not None:
+            self._worker.join(timeout=5)
+
+    @property
+    def queued_ms(self) -> float:
+        return 1000.0 * self._out_ring.readable / self.out_rate_hz
+
+    def _run(self) -> None:
+        chunk = self.session.chunk_samples
+        block = max(1, self.in_rate_hz * self.config.block_ms // 1000)
+        while not self._stop.is_set():
+            self._wake.wait(timeout=0.05)
+            self._wake.clear()
+            while self._in_ring.readable >= block and not self._stop.is_set():
+                x = self._in_ring.read(self._in_ring.readable)
+                try:
+                    self._process(x, chunk)
+                except Exception as exc:  # the output callback keeps playing comfort noise
+                    self.worker_errors += 1
+                    self.session.counters.last_error = f"worker: {type(exc).__name__}: {exc}"
+
+    def _process(self, x: np.ndarray, chunk: int) -> None:
+        rms = float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
+        self.level_dbfs = 20.0 * np.log10(max(rms, 1e-6))
+        x16 = self._to16.resample_chunk(x) if self._to16 is not None else x
+        pending = np.concatenate((self._pending, x16))
+        usable = pending.shape[0] // chunk * chunk
+        self._pending = pending[usable:]
+        if not usable:
+            return
+        y = np.concatenate([self.session.process(c) for c in pending[:usable].reshape(-1, chunk)])
+        y = self._from16.resample_chunk(y) if self._from16 is not None else y
+        if not self._flowing:
+            jitter = self.out_rate_hz * self.config.jitter_ms // 1000
+            self._out_ring.write(self._noise[:jitter].copy())
+            self._flowing = True
+        self._out_ring.write(np.ascontiguousarray(y, np.float32))
+        excess = self._out_ring.readable - self.out_rate_hz * self.config.max_queue_ms // 1000
+        if excess > 0:
+            self._out_ring.discard(excess)
+            self.drift_trims += 1
+
+
+def _resample_block(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
+    return x if from_hz == to_hz else soxr.resample(x, from_hz, to_hz).astype(np.float32)
+
+
+# -- devices ---------------------------------------------------------------------
+
+PULSE_PREFIX = "pulse:"
+
+
+def resolve_device(spec: str | None, kind: str) -> tuple[int | str | None, dict[str, str]]:
+    """Turns a ``--input``/``--output`` value into a PortAudio device and the
+    environment it needs.
+
+    ``None`` is the default device; digits are an index; ``pulse:NAME`` is the
+    PulseAudio sink/source NAME reached through the ALSA ``pulse`` device;
+    ``rtanon`` (output) is the rtanon virtual microphone's sink when no
+    PortAudio device carries that name; anything else is a name substring, as
+    python-sounddevice matches it.
+    """
+    import sounddevice as sd
+
+    from rtanon import pulse
+
+    env_var = "PULSE_SOURCE" if kind == "input" else "PULSE_SINK"
+    if spec is None:
+        return None, {}
+    if spec.isdigit():
+        return int(spec), {}
+    if spec.startswith(PULSE_PREFIX):
+        return "pulse", {env_var: spec[len(PULSE_PREFIX):]}
+    try:
+        sd.query_devices(spec, kind)
+        return spec, {}
+    except ValueError:
+        if spec == "rtanon" and kind == "output":
+            return "pulse", {env_var: pulse.SINK_NAME}
+        if spec == "rtanon" and kind == "input":
+            return "pulse", {env_var: pulse.SOURCE_NAME}
+        raise
+
+
+def pick_rate(device, kind: str, requested: int | None) -> int:
+    """``requested`` if given (an error if the device refuses it); else 16 kHz
+    when the device takes it (no resampling in rtanon), else its default rate."""
+    import sounddevice as sd
+
+    check = sd.check_input_settings if kind == "input" else sd.check_output_settings
+    rate = requested or SAMPLE_RATE_HZ
+    try:
+        check(device=device, channels=1, samplerate=rate, dtype="float32")
+        return rate
+    except Exception as exc:
+        if requested:
+            raise ConfigError(f"{kind} device {device!r} does not accept {rate} Hz mono float32: {exc}") from None
+        return int(sd.query_devices(device, kind)["default_samplerate"])
+
+
+def run_live(session: Session, input_spec: str | None, output_spec: str | None, *,
+             config: LiveConfig | None = None, duration_s: float | None = None,
+             device_rate_hz: int | None = None, status_interval_s: float = 0.5, stream=sys.stderr) -> LiveCore:
+    """Runs the live loop until Ctrl-C or ``duration_s``; returns the core with its counters."""
+    import sounddevice as sd
+
+    config = config or LiveConfig()
+    in_dev, in_env = resolve_device(input_spec, "input")
+    out_dev, out_env = resolve_device(output_spec, "output")
+    os.environ.update(in_env)
+    os.environ.update(out_env)  # read by the ALSA pulse plugin when the stream opens
+    in_rate = pick_rate(in_dev, "input", device_rate_hz)
+    out_rate = pick_rate(out_dev, "output", device_rate_hz)
+    core = LiveCore(session, in_rate, out_rate, config)
+    counters = session.counters
+
+    def in_cb(indata, frames, time_info, status):
+        if status.input_overflow:
+            counters.input_overflows += 1
+        core.on_input(indata[:, 0])
+
+    def out_cb(outdata, frames, time_info, status):
+        if status.output_underflow:
+            counters.output_underflows += 1
+        core.on_output(outdata[:, 0])
+
+    in_stream = sd.InputStream(device=in_dev, channels=1, samplerate=in_rate, dtype="float32",
+                               blocksize=in_rate * config.block_ms // 1000, latency="low", callback=in_cb)
+    out_stream = sd.OutputStream(device=out_dev, channels=1, samplerate=out_rate, dtype="float32",
+                                 blocksize=out_rate * config.block_ms // 1000, latency="low", callback=out_cb)
+    algo_ms = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
+    core.start()
+    t_end = None if duration_s is None else time.monotonic() + duration_s
+    try:
+        with out_stream, in_stream:
+            device_ms = 1000.0 * (in_stream.latency + out_stream.latency)
+            while t_end is None or time.monotonic() < t_end:
+                time.sleep(status_interval_s if t_end is None else min(status_interval_s,
+                                                                       max(0.0, t_end - time.monotonic())))
+                if stream is not None:
+                    latency = algo_ms + core.queued_ms + device_ms
+                    stream.write(f"\rin {core.level_dbfs:6.1f} dBFS | latency ~{latency:5.1f} ms "
+                                 f"(algorithmic {algo_ms:.0f}) | missed {counters.missed_deadlines} | "
+                                 f"xruns {counters.input_overflows + counters.output_underflows} | "
+                                 f"errors {counters.stage_errors + core.worker_errors}   ")
+                    stream.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        core.stop()
+        if stream is not None:
+            stream.write("\n")
+    return core

@@ -1,0 +1,168 @@
+"""PulseAudio / PipeWire-pulse: rtanon's virtual microphone, and a private daemon.
+
+The virtual microphone is two modules on the user's sound server:
+
+- a null sink ``rtanon_sink`` that ``rtanon live --output rtanon`` plays into;
+- a remap source ``rtanon_mic`` (description "rtanon") over that sink's
+  monitor, which Zoom, Meet or a browser list as a microphone.
+
+``PulseDaemon`` starts a private, loopback-only PulseAudio daemon in a
+temporary runtime directory; the tests and ``rtanon bench --e2e`` use it so
+they never touch the user's own sound server.
+
+PortAudio sees PulseAudio through the ALSA ``pulse`` device; which PulseAudio
+sink or source it opens is chosen with the ``PULSE_SINK`` / ``PULSE_SOURCE``
+environment variables when the stream opens (see ``rtanon.live``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SINK_NAME = "rtanon_sink"
+SOURCE_NAME = "rtanon_mic"
+SOURCE_DESCRIPTION = "rtanon"
+
+
+class PulseError(RuntimeError):
+    """The sound server is missing or refused a request; the message says what to do."""
+
+
+def _pactl(args: list[str], env: dict | None = None) -> str:
+    if shutil.which("pactl") is None:
+        raise PulseError("pactl not found: install it with `sudo apt-get install pulseaudio-utils` "
+                         "(works with PulseAudio and PipeWire-pulse)")
+    proc = subprocess.run(["pactl", *args], capture_output=True, text=True, env=env, timeout=20)
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip()
+        raise PulseError(f"pactl {' '.join(args)} failed: {msg or 'no sound server?'} "
+                         "(is PulseAudio or PipeWire-pulse running for this user?)")
+    return proc.stdout
+
+
+def _modules(env: dict | None) -> list[tuple[str, str, str]]:
+    """(index, name, arguments) of every loaded module."""
+    rows = []
+    for line in _pactl(["list", "short", "modules"], env).splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 2:
+            rows.append((parts[0], parts[1], parts[2] if len(parts) > 2 else ""))
+    return rows
+
+
+def _names(kind: str, env: dict | None) -> list[str]:
+    return [line.split("\t")[1] for line in _pactl(["list", "short", kind], env).splitlines() if "\t" in line]
+
+
+@dataclass(frozen=True)
+class VirtualDeviceStatus:
+    sink: bool
+    source: bool
+
+    @property
+    def ready(self) -> bool:
+        return self.sink and self.source
+
+
+def status(env: dict | None = None) -> VirtualDeviceStatus:
+    return VirtualDeviceStatus(SINK_NAME in _names("sinks", env), SOURCE_NAME in _names("sources", env))
+
+
+def create(env: dict | None = None) -> VirtualDeviceStatus:
+    """Creates the null sink and the "rtanon" microphone; idempotent."""
+    st = status(env)
+    if not st.sink:
+        _pactl(["load-module", "module-null-sink", f"sink_name={SINK_NAME}",
+                "sink_properties=device.description=rtanon-output", "rate=48000", "channels=1"], env)
+    if not st.source:
+        _pactl(["load-module", "module-remap-source", f"master={SINK_NAME}.monitor",
+                f"source_name={SOURCE_NAME}", f"source_properties=device.description={SOURCE_DESCRIPTION}"],
+               env)
+    return status(env)
+
+
+def remove(env: dict | None = None) -> int:
+    """Unloads rtanon's modules (source first); returns how many were unloaded."""
+    ours = [m for m in _modules(env) if f"source_name={SOURCE_NAME}" in m[2]]
+    ours += [m for m in _modules(env) if f"sink_name={SINK_NAME}" in m[2]]
+    for index, _, _ in ours:
+        _pactl(["unload-module", index], env)
+    return len(ours)
+
+
+class PulseDaemon:
+    """A private PulseAudio daemon (loopback only: a unix socket in a temporary
+    runtime dir). ``env`` holds the variables a client needs to reach it.
+
+    Usage::
+
+        with PulseDaemon() as pd:
+            subprocess.run(["pactl", "info"], env=pd.env)
+    """
+
+    def __init__(self, startup_timeout_s: float = 15.0) -> None:
+        if shutil.which("pulseaudio") is None:
+            raise PulseError("pulseaudio not found: `sudo apt-get install pulseaudio pulseaudio-utils "
+                             "libasound2-plugins` (needed only for tests and `rtanon bench --e2e`)")
+        self._timeout = startup_timeout_s
+        self._dir: tempfile.TemporaryDirectory | None = None
+        self._proc: subprocess.Popen | None = None
+        self.env: dict[str, str] = {}
+
+    def __enter__(self) -> "PulseDaemon":
+        self._dir = tempfile.TemporaryDirectory(prefix="rtanon-pulse-")
+        root = Path(self._dir.name)
+        (root / "runtime").mkdir(mode=0o700)
+        (root / "home").mkdir()
+        config = root / "daemon.pa"
+        config.write_text("load-module module-native-protocol-unix auth-anonymous=1\n"
+                          "load-module module-null-sink sink_name=rtanon_test_default\n"
+                          "set-default-sink rtanon_test_default\n")
+        self.env = {**os.environ, "XDG_RUNTIME_DIR": str(root / "runtime"), "HOME": str(root / "home"),
+                    "PULSE_RUNTIME_PATH": str(root / "runtime" / "pulse"), "PULSE_STATE_PATH": str(root / "state")}
+        for var in ("PULSE_SERVER", "PULSE_SINK", "PULSE_SOURCE", "DBUS_SESSION_BUS_ADDRESS"):
+            self.env.pop(var, None)
+        self.log_path = root / "pulseaudio.log"
+        self._proc = subprocess.Popen(
+            ["pulseaudio", "-n", "-F", str(config), "--daemonize=no", "--exit-idle-time=-1",
+             "--disallow-exit", "--use-pid-file=no", "--log-target=stderr", "--log-level=error"],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log_path, "w"))
+        deadline = time.monotonic() + self._timeout
+        while True:
+            if self._proc.poll() is not None:
+                log = self.log_path.read_text()[-2000:]
+                self.__exit__(None, None, None)
+                raise PulseError(f"pulseaudio exited at start-up: {log}")
+            if subprocess.run(["pactl", "info"], env=self.env, capture_output=True).returncode == 0:
+                return self
+            if time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise PulseError("pulseaudio did not answer within "
+                                 f"{self._timeout:.0f} s; log: {self.log_path}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def pactl(self, *args: str) -> str:
+        return _pactl(list(args), self.env)
+
+    def load_null_sink(self, name: str, rate_hz: int = 48000) -> None:
+        """A null sink ``name``; its monitor ``name.monitor`` works as a microphone fed by what plays into it."""
+        self.pactl("load-module", "module-null-sink", f"sink_name={name}", f"rate={rate_hz}", "channels=1")

@@ -1,0 +1,154 @@
+"""The streaming engine: lengths, parity, sessions, and failing closed."""
+
+import numpy as np
+import pytest
+
+from rtanon import Anonymizer, AnonymizerConfig
+from rtanon.analysis import max_xcorr
+from rtanon.config import ConfigError, StreamConfig, VadConfig
+
+RAW_COPY = 0.9  # max_xcorr of a signal with a copy of itself is 1.0
+
+
+def _rms_dbfs(x):
+    return 20 * np.log10(np.sqrt(np.mean(np.square(x, dtype=np.float64))) + 1e-12)
+
+
+@pytest.fixture(scope="module")
+def anonymizer():
+    return Anonymizer()
+
+
+def test_output_has_input_length_is_finite_and_not_the_input(anonymizer, speech):
+    y = anonymizer.open_session(seed=1).process_signal(speech)
+    assert y.shape == speech.shape and y.dtype == np.float32
+    assert np.isfinite(y).all() and np.abs(y).max() <= 1.0
+    assert _rms_dbfs(y) > _rms_dbfs(speech) - 10  # speech came out, not just comfort noise
+    assert max_xcorr(speech, y) < 0.5
+    assert max_xcorr(speech, speech) > RAW_COPY  # the detector does see a raw copy
+
+
+@pytest.mark.parametrize("chunk_ms", [10, 20, 30, 40])
+def test_file_mode_equals_chunked_live_output_delayed(speech, chunk_ms):
+    """process_signal (file mode) is the live chunk stream minus the stage delay."""
+    anonymizer = Anonymizer(AnonymizerConfig(stream=StreamConfig(chunk_ms=chunk_ms)))
+    offline = anonymizer.open_session(seed=7).process_signal(speech)
+    live = anonymizer.open_session(seed=7)
+    n = live.chunk_samples
+    padded = np.concatenate((speech, np.zeros(2 * n + live.stage_latency_samples, np.float32)))
+    chunks = padded[: padded.shape[0] // n * n].reshape(-1, n)
+    stream = np.concatenate([live.process(c) for c in chunks])
+    d = live.stage_latency_samples
+    np.testing.assert_array_equal(stream[d : d + speech.shape[0]], offline)
+
+
+def test_iter_process_any_block_sizes_gives_identical_output(anonymizer, speech):
+    whole = anonymizer.open_session(seed=3).process_signal(speech)
+    rng = np.random.default_rng(0)
+    cuts = np.sort(rng.integers(0, speech.shape[0], 12))
+    blocks = np.split(speech, cuts)
+    pieces = list(anonymizer.open_session(seed=3).iter_process(iter(blocks)))
+    np.testing.assert_array_equal(np.concatenate(pieces), whole)
+
+
+def test_fresh_voice_per_session_unless_seeded(anonymizer):
+    voices = {anonymizer.open_session().voice["alpha"] for _ in range(8)}
+    assert len(voices) == 8
+    assert anonymizer.open_session(seed=5).voice == anonymizer.open_session(seed=5).voice
+    mc = anonymizer.config.mcadams
+    assert all(mc.alpha_min <= a <= mc.alpha_max for a in voices)
+
+
+def test_reset_keeps_the_voice(speech):
+    anonymizer = Anonymizer(AnonymizerConfig(vad=VadConfig(comfort_noise_dbfs=None)))
+    s = anonymizer.open_session(seed=11)
+    first = s.process_signal(speech)
+    voice = s.voice
+    s.reset()
+    assert s.voice == voice
+    np.testing.assert_array_equal(s.process_signal(speech), first)
+
+
+@pytest.mark.parametrize("bad", [15, 0, 50])
+def test_chunk_size_outside_10_to_40_ms_is_refused_with_the_allowed_values(bad):
+    with pytest.raises(ConfigError, match="10, 20, 30, 40"):
+        Anonymizer(AnonymizerConfig(stream=StreamConfig(chunk_ms=bad)))
+
+
+def test_unknown_method_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match="mcadams"):
+        Anonymizer(AnonymizerConfig(method="passthrough"))
+
+
+def test_wrong_chunk_contract_raises(anonymizer):
+    s = anonymizer.open_session()
+    with pytest.raises(ValueError, match="320 samples"):
+        s.process(np.zeros(100, np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        s.process(np.zeros(320, np.float64))
+
+
+class _Raising:
+    hop, latency_samples = 320, 0
+
+    def process(self, chunk):
+        raise RuntimeError("injected")
+
+    def reset(self):
+        pass
+
+
+class _Passthrough(_Raising):
+    def process(self, chunk):
+        return chunk
+
+
+class _NaN(_Raising):
+    def process(self, chunk):
+        return np.full_like(chunk, np.nan)
+
+
+@pytest.mark.parametrize("bad_stage", [_Raising, _Passthrough, _NaN])
+def test_a_failing_stage_gives_comfort_noise_never_the_input(anonymizer, speech, bad_stage):
+    s = anonymizer.open_session(seed=2)
+    s.stages = [bad_stage()]
+    y = s.process_signal(speech)
+    assert y.shape == speech.shape and np.isfinite(y).all()
+    level = anonymizer.config.vad.comfort_noise_dbfs
+    assert _rms_dbfs(y) < level + 3
+    assert max_xcorr(speech, y) < 0.2
+    assert s.counters.stage_errors > 0 and s.counters.last_error
+
+
+def test_non_speech_is_replaced_by_comfort_noise(anonymizer):
+    """Room noise closes the gate: comfort noise plays instead."""
+    rng = np.random.default_rng(0)
+    room = np.cumsum(rng.standard_normal(16000 * 2)).astype(np.float32)
+    room = 0.003 * (room - np.convolve(room, np.ones(64) / 64, "same")) / room.std()  # -50 dBFS brown-ish
+    s = anonymizer.open_session(seed=0)
+    y = s.process_signal(room.astype(np.float32))
+    assert s.counters.speech_chunks < s.counters.chunks // 4
+    assert max_xcorr(room[:8000], y) < 0.2
+
+
+def test_silence_config_gives_exact_zeros_for_non_speech():
+    a = Anonymizer(AnonymizerConfig(vad=VadConfig(comfort_noise_dbfs=None)))
+    y = a.open_session().process_signal(np.zeros(16000, np.float32))
+    assert not y.any()
+
+
+def test_non_finite_and_clipped_input_gives_finite_bounded_output(anonymizer, speech):
+    x = speech.copy() * 4.0  # hard clipping
+    x[1000:1100] = np.nan
+    x[5000] = np.inf
+    s = anonymizer.open_session(seed=0)
+    y = s.process_signal(x)
+    assert np.isfinite(y).all() and np.abs(y).max() <= 1.0
+    assert s.counters.nonfinite_inputs >= 1
+
+
+def test_algorithmic_latency_is_computed_from_the_stages(anonymizer):
+    s = anonymizer.open_session()
+    assert s.algorithmic_latency_samples == s.chunk_samples + s.vad.latency_samples + sum(
+        st.latency_samples for st in s.stages)
+    assert s.algorithmic_latency_samples == 480  # 20 ms chunk + 10 ms McAdams overlap-add
