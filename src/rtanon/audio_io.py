@@ -22,7 +22,7 @@ import soxr
 
 from rtanon.config import SAMPLE_RATE_HZ
 
-BLOCK_SECONDS = 10.0
+BLOCK_SECONDS = 2.0
 
 
 class AudioFileError(Exception):

@@ -114,6 +114,11 @@ class LiveCore:
             self._worker.join(timeout=5)
 
     @property
+    def input_backlog(self) -> int:
+        """Captured samples the worker has not taken yet."""
+        return self._in_ring.readable
+
+    @property
     def queued_ms(self) -> float:
         return 1000.0 * self._out_ring.readable / self.out_rate_hz
 
