@@ -44,13 +44,14 @@ def envelope(x: np.ndarray, sample_rate_hz: int = SAMPLE_RATE_HZ, frame_ms: floa
 
 
 def envelope_delay_s(ref: np.ndarray, rec: np.ndarray, sample_rate_hz: int = SAMPLE_RATE_HZ,
-                     max_delay_s: float = 1.0, floor_db: float = -60.0) -> float:
-    """How many seconds ``rec`` lags ``ref`` (1 ms resolution)."""
+                     max_delay_s: float = 1.0, floor_db: float = -60.0, min_delay_s: float = 0.0) -> float:
+    """How many seconds ``rec`` lags ``ref`` (1 ms resolution), searched in
+    [``min_delay_s``, ``max_delay_s``]."""
     er = np.maximum(envelope(ref, sample_rate_hz), floor_db) - floor_db
     ec = np.maximum(envelope(rec, sample_rate_hz), floor_db) - floor_db
     er -= er.mean()
     ec -= ec.mean()
     full = correlate(ec, er, mode="full", method="fft")
     lags = np.arange(-er.shape[0] + 1, ec.shape[0])
-    keep = (lags >= 0) & (lags <= int(max_delay_s * 1000))
+    keep = (lags >= int(min_delay_s * 1000)) & (lags <= int(max_delay_s * 1000))
     return float(lags[keep][np.argmax(full[keep])]) / 1000.0

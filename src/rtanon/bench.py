@@ -164,16 +164,18 @@ def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0)
         live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:rtanon_fake_mic.monitor",
                                  "--output", "rtanon", "--method", method, "--chunk-ms", str(chunk_ms),
                                  "--seed", str(seed), "--quiet", "--duration", str(seconds + 4.0)],
-                                env=pd.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                env=pd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            time.sleep(1.5)  # live streams open
+            for line in live.stderr:  # wait until its streams are open
+                if "running" in line:
+                    break
             mic = _TimestampedRecorder("rtanon_fake_mic.monitor")
             anon = _TimestampedRecorder(pulse.SOURCE_NAME)
             with mic.stream, anon.stream:
                 time.sleep(0.3)
                 subprocess.run(["paplay", "--device=rtanon_fake_mic", str(wav)], env=pd.env, check=True)
                 time.sleep(0.8)
-            live_out, _ = live.communicate(timeout=30)
+            live_out, _ = live.communicate(timeout=60)
         finally:
             if live.poll() is None:
                 live.kill()

@@ -44,18 +44,26 @@ class VadConfig:
     ``aggressiveness`` 0..3 (3 rejects most non-speech); ``hangover_ms`` keeps
     the gate open after the last speech frame so word endings are not cut;
     ``comfort_noise_dbfs`` is the RMS level of the noise played instead of
-    non-speech (``None`` plays digital silence).
+    non-speech (``None`` plays digital silence). A 10 ms frame also counts as
+    speech when it is ``energy_margin_db`` above the tracked noise floor and
+    louder than ``energy_min_dbfs``.
     """
 
     aggressiveness: int = 2
     hangover_ms: int = 200
     comfort_noise_dbfs: float | None = -66.0
+    energy_margin_db: float = 20.0
+    energy_min_dbfs: float = -50.0
 
     def validate(self) -> None:
         if self.aggressiveness not in (0, 1, 2, 3):
             raise ConfigError(f"VAD aggressiveness={self.aggressiveness}; use 0, 1, 2 or 3")
         if not 0 <= self.hangover_ms <= 2000:
             raise ConfigError(f"VAD hangover_ms={self.hangover_ms}; use 0 to 2000 ms")
+        if not 6.0 <= self.energy_margin_db <= 60.0:
+            raise ConfigError(f"VAD energy_margin_db={self.energy_margin_db}; use 6 to 60 dB")
+        if not -90.0 <= self.energy_min_dbfs <= -10.0:
+            raise ConfigError(f"VAD energy_min_dbfs={self.energy_min_dbfs}; use -90 to -10 dBFS")
         if self.comfort_noise_dbfs is not None and not -120.0 <= self.comfort_noise_dbfs <= -40.0:
             raise ConfigError(f"comfort_noise_dbfs={self.comfort_noise_dbfs}; use -120 to -40 dBFS, "
                               "or None for silence")

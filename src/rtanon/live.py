@@ -79,6 +79,7 @@ class LiveCore:
         self._worker: threading.Thread | None = None
         self.level_dbfs = -120.0
         self.drift_trims = 0
+        self.input_skips = 0
         self.worker_errors = 0
 
     # -- callbacks: copies only ------------------------------------------------
@@ -129,6 +130,10 @@ class LiveCore:
             self._wake.wait(timeout=0.05)
             self._wake.clear()
             while self._in_ring.readable >= block and not self._stop.is_set():
+                backlog = self._in_ring.readable - self.in_rate_hz * self.config.max_queue_ms // 1000
+                if backlog > 0:  # far behind real time: skip ahead rather than grow the delay
+                    self._in_ring.discard(backlog)
+                    self.input_skips += 1
                 x = self._in_ring.read(self._in_ring.readable)
                 try:
                     self._process(x, chunk)
@@ -251,6 +256,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     try:
         with out_stream, in_stream:
             device_ms = 1000.0 * (in_stream.latency + out_stream.latency)
+            print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, voice {session.voice}; "
+                  "Ctrl-C stops", file=sys.stderr, flush=True)
             while t_end is None or time.monotonic() < t_end:
                 time.sleep(status_interval_s if t_end is None else min(status_interval_s,
                                                                        max(0.0, t_end - time.monotonic())))
