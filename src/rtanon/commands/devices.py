@@ -19,5 +19,10 @@ def run(args) -> int:
         import sounddevice as sd
     except OSError as exc:
         raise CliError(f"PortAudio is missing ({exc}); install it: sudo apt-get install libportaudio2") from None
-    print(sd.query_devices())
+    devices = sd.query_devices()
+    if not len(devices):
+        print("no audio devices found: PortAudio sees none. On Linux start PulseAudio or PipeWire (and install "
+              "libasound2-plugins for the ALSA 'pulse' device), or check that ALSA lists your card (aplay -l).")
+        return 1
+    print(devices)
     return 0

@@ -1,0 +1,103 @@
+"""The rtanon command line: help, demo, bench JSON, anonymize-dir."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from rtanon.cli import COMMANDS, build_parser
+
+
+def _run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "rtanon", *args], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert len(sub.choices) == len(COMMANDS)
+    for name, p in sub.choices.items():
+        assert p.description, f"{name} has no description"
+    assert _run("--help").returncode == 0
+
+
+def test_demo_writes_original_and_anonymized(tmp_path):
+    proc = _run("demo", "--out", str(tmp_path / "d.wav"), "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    x, _ = sf.read(tmp_path / "d-original.wav")
+    y, _ = sf.read(tmp_path / "d.wav")
+    assert x.shape == y.shape and "algorithmic latency 30.0 ms" in proc.stdout
+
+
+def test_bench_json_last_line_has_the_figures():
+    proc = _run("bench", "--seconds", "4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("algorithmic_latency_ms", "compute_p50_ms", "compute_p99_ms", "rtf", "stages"):
+        assert key in r
+    assert r["algorithmic_latency_ms"] == 30.0
+    assert set(r["stages"]) == {"vad", "McAdamsStage"}
+    assert 0 < r["compute_p50_ms"] <= r["compute_p99_ms"]
+
+
+def test_bench_one_stage_and_unknown_stage():
+    proc = _run("bench", "--stage", "mcadams", "--seconds", "2", "--json")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["stage"] == "mcadams" and r["algorithmic_latency_ms"] == 10.0
+    bad = _run("bench", "--stage", "nope")
+    assert bad.returncode == 2 and "choose one of" in bad.stderr
+
+
+@pytest.fixture()
+def tiny_kaldi(tmp_path, shared_data):
+    """2 speakers x 2 utterances of so762_dev as a Kaldi-style dir (paths point into ../shared)."""
+    src = shared_data / "so762_dev"
+    utt2spk = dict(line.split() for line in (src / "utt2spk").read_text().splitlines())
+    wav = dict(line.split() for line in (src / "wav.scp").read_text().splitlines())
+    gender = dict(line.split() for line in (src / "spk2gender").read_text().splitlines())
+    spks = sorted(set(utt2spk.values()))[:2]
+    utts = [u for s in spks for u in sorted(u for u, v in utt2spk.items() if v == s)[:2]]
+    d = tmp_path / "tiny"
+    d.mkdir()
+    (d / "wav.scp").write_text("".join(f"{u} {src / wav[u]}\n" for u in utts))
+    (d / "utt2spk").write_text("".join(f"{u} {utt2spk[u]}\n" for u in utts))
+    (d / "spk2gender").write_text("".join(f"{s} {gender[s]}\n" for s in spks))
+    return d, utts
+
+
+def test_anonymize_dir_writes_a_kaldi_dir_and_pins_voices_only_with_a_seed(tmp_path, tiny_kaldi):
+    d, utts = tiny_kaldi
+    runs = {}
+    for name, extra in (("a", ["--seed", "4"]), ("b", ["--seed", "4"]), ("c", []),
+                        ("u", ["--assignment", "utterance"])):
+        out = tmp_path / name
+        proc = _run("anonymize-dir", "--data", str(d), "--out", str(out), *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(p.stem for p in out.glob("*.wav")) == sorted(utts)
+        for f in ("wav.scp", "utt2spk", "spk2gender"):
+            assert (out / f).exists()
+        runs[name] = {u: sf.read(out / f"{u}.wav")[0] for u in utts}
+    for u in utts:
+        src_len = sf.info(dict(line.split() for line in (d / "wav.scp").read_text().splitlines())[u]).frames
+        assert runs["a"][u].shape[0] == src_len
+        np.testing.assert_array_equal(runs["a"][u], runs["b"][u])  # pinned by --seed
+        assert not np.array_equal(runs["a"][u], runs["c"][u])  # fresh voices by default
+
+
+def test_speaker_assignment_gives_one_voice_per_speaker(tiny_kaldi):
+    from rtanon import Anonymizer
+    from rtanon.corpus import voice_seed
+
+    a = Anonymizer()
+    v = [a.open_session(seed=voice_seed(9, spk)).voice for spk in ("s1", "s1", "s2")]
+    assert v[0] == v[1] != v[2]
+
+
+def test_live_with_a_missing_device_fails_with_a_hint():
+    proc = _run("live", "--input", "no-such-microphone-xyz", "--duration", "1")
+    assert proc.returncode == 2
+    assert "rtanon live: error" in proc.stderr and "Traceback" not in proc.stderr
