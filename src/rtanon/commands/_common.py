@@ -32,3 +32,14 @@ def anonymizer_from_args(args: argparse.Namespace):
     from rtanon.engine import Anonymizer
 
     return Anonymizer(config_from_args(args))
+
+
+def import_sounddevice():
+    """python-sounddevice, or a CliError saying how to install PortAudio."""
+    from rtanon.errors import CliError
+
+    try:
+        import sounddevice
+    except OSError as exc:
+        raise CliError(f"PortAudio is missing ({exc}); install it: sudo apt-get install libportaudio2") from None
+    return sounddevice

@@ -13,13 +13,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rtanon.errors import CliError
+    from rtanon.commands._common import import_sounddevice
 
-    try:
-        import sounddevice as sd
-    except OSError as exc:
-        raise CliError(f"PortAudio is missing ({exc}); install it: sudo apt-get install libportaudio2") from None
-    devices = sd.query_devices()
+    devices = import_sounddevice().query_devices()
     if not len(devices):
         print("no audio devices found: PortAudio sees none. On Linux start PulseAudio or PipeWire (and install "
               "libasound2-plugins for the ALSA 'pulse' device), or check that ALSA lists your card (aplay -l).")

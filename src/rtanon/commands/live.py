@@ -27,17 +27,18 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import sys
+
+    from rtanon.commands._common import import_sounddevice
     from rtanon.errors import CliError
 
-    try:
-        from rtanon.live import run_live
-        import sounddevice  # noqa: F401
-    except OSError as exc:
-        raise CliError(f"PortAudio is missing ({exc}); install it: sudo apt-get install libportaudio2") from None
+    import_sounddevice()
+    from rtanon.live import run_live
+
     session = anonymizer_from_args(args).open_session(seed=args.seed)
     try:
         core = run_live(session, args.input, args.output, duration_s=args.duration,
-                        device_rate_hz=args.device_rate, stream=None if args.quiet else __import__("sys").stderr)
+                        device_rate_hz=args.device_rate, stream=None if args.quiet else sys.stderr)
     except ValueError as exc:  # sounddevice: no such device / ambiguous name
         raise CliError(f"{exc} (see `rtanon devices`)") from None
     c = session.counters
