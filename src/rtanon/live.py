@@ -256,7 +256,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     try:
         with out_stream, in_stream:
             device_ms = 1000.0 * (in_stream.latency + out_stream.latency)
-            print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, voice {session.voice}; "
+            print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
+                  f"{1000 * in_stream.latency:.0f}+{1000 * out_stream.latency:.0f} ms, voice {session.voice}; "
                   "Ctrl-C stops", file=sys.stderr, flush=True)
             while t_end is None or time.monotonic() < t_end:
                 time.sleep(status_interval_s if t_end is None else min(status_interval_s,
