@@ -3,7 +3,8 @@
 import numpy as np
 
 from rtanon.config import McAdamsConfig
-from rtanon.stages.mcadams import McAdamsStage, lpc, mcadams_frame
+from rtanon.stages.mcadams import McAdamsStage, mcadams_frame
+from rtanon.stages.mcadams_kernels import lpc_autocorr as lpc
 
 
 def _run(stage, x):

@@ -34,7 +34,11 @@ class McAdamsMethod:
     name = "mcadams"
 
     def __init__(self, config: AnonymizerConfig) -> None:
+        from rtanon.stages.mcadams import mcadams_frame
+
         self._config = config
+        # compile (or load from Numba's cache) the kernels now, not in the first live chunk
+        mcadams_frame(np.hanning(config.mcadams.window_ms * 16), 0.8, config.mcadams.lpc_order)
 
     def make_stages(self, rng: np.random.Generator) -> list[Stage]:
         from rtanon.stages.mcadams import McAdamsStage

@@ -5,65 +5,28 @@ which overlap-add to one): LPC analysis, the angle φ of every complex pole
 pair moved to φ**α, the LPC residual re-filtered through the modified
 all-pole filter, the frame's energy kept, overlap-add. α < 1 raises low
 formants and lowers high ones, which changes the perceived speaker while the
-excitation (pitch, timing) is kept.
+excitation (pitch, timing) is kept. The per-sample loops run in Numba
+(``mcadams_kernels``); the pole search is a LAPACK eigenvalue problem.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import companion, solve_toeplitz
-from scipy.signal import lfilter, sosfilt
 
 from rtanon.config import SAMPLE_RATE_HZ, McAdamsConfig
 from rtanon.stages.base import check_chunk
+from rtanon.stages.mcadams_kernels import companion, lpc_autocorr, resynthesize
 
 _EPS = 1e-9
-
-
-def lpc(frame: np.ndarray, order: int) -> np.ndarray:
-    """LPC polynomial ``[1, a1, ..., a_order]`` (float64) of a windowed frame,
-    by the autocorrelation method with a small white-noise floor."""
-    n = frame.shape[0]
-    r = np.correlate(frame, frame, "full")[n - 1 : n + order]
-    r[0] = r[0] * (1.0 + 1e-6) + _EPS
-    a = solve_toeplitz(r[:order], -r[1 : order + 1], check_finite=False)
-    return np.concatenate(([1.0], a))
-
-
-def _all_pole_sections(complex_poles: np.ndarray, real_poles: np.ndarray) -> np.ndarray:
-    """Second-order sections (``sosfilt`` layout) of the all-pole filter with the
-    given upper-half-plane complex poles (each with its conjugate) and real poles."""
-    real_poles = np.sort(real_poles.real)
-    if real_poles.shape[0] % 2:
-        real_poles = np.append(real_poles, 0.0)
-    pairs = real_poles.reshape(-1, 2)
-    sos = np.zeros((complex_poles.shape[0] + pairs.shape[0], 6))
-    sos[:, 0] = sos[:, 3] = 1.0
-    k = complex_poles.shape[0]
-    sos[:k, 4] = -2.0 * complex_poles.real
-    sos[:k, 5] = np.abs(complex_poles) ** 2
-    sos[k:, 4] = -(pairs[:, 0] + pairs[:, 1])
-    sos[k:, 5] = pairs[:, 0] * pairs[:, 1]
-    return sos
 
 
 def mcadams_frame(frame: np.ndarray, alpha: float, order: int) -> np.ndarray:
     """Applies the McAdams transform to one windowed frame (float64 in, float64
     out, same length). ``alpha == 1`` returns the frame unchanged (up to
     rounding), which the tests use to check the resynthesis."""
-    a = lpc(frame, order)
+    a = lpc_autocorr(frame, order)
     poles = np.linalg.eigvals(companion(a))
-    upper = poles[poles.imag > 1e-12]
-    real = poles[np.abs(poles.imag) <= 1e-12]
-    new_angles = np.clip(np.angle(upper) ** alpha, 0.0, np.pi)
-    moved = np.abs(upper) * np.exp(1j * new_angles)
-    residual = lfilter(a, [1.0], frame)
-    out = sosfilt(_all_pole_sections(moved, real), residual)
-    e_in = float(np.dot(frame, frame))
-    e_out = float(np.dot(out, out))
-    if e_out > _EPS:
-        out *= np.sqrt(e_in / e_out)
-    return out
+    return resynthesize(frame, a, poles, float(alpha))
 
 
 class McAdamsStage:
