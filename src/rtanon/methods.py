@@ -12,7 +12,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from rtanon.config import AnonymizerConfig
+from rtanon.config import SAMPLE_RATE_HZ, AnonymizerConfig
 from rtanon.stages import Stage
 
 
@@ -38,7 +38,7 @@ class McAdamsMethod:
 
         self._config = config
         # compile (or load from Numba's cache) the kernels now, not in the first live chunk
-        mcadams_frame(np.hanning(config.mcadams.window_ms * 16), 0.8, config.mcadams.lpc_order)
+        mcadams_frame(np.hanning(config.mcadams.window_ms * SAMPLE_RATE_HZ // 1000), 0.8, config.mcadams.lpc_order)
 
     def make_stages(self, rng: np.random.Generator) -> list[Stage]:
         from rtanon.stages.mcadams import McAdamsStage
