@@ -18,8 +18,9 @@ def register(sub) -> None:
     b.add_argument("--encoder", default="resemblyzer", help="speaker encoder (default: resemblyzer)")
     b.add_argument("--f0-tracker", default="auto", choices=("auto", "rtanon", "pyworld-harvest", "pyaapt"),
                    help="F0 tracker: auto uses rtanon.f0 when present, else pyworld Harvest")
-    b.add_argument("--f0-max-seconds", type=float, default=8.0,
-                   help="audio per speaker used for the F0 quantiles (default: 8 s)")
+    b.add_argument("--f0-max-seconds", type=float, default=5.0,
+                   help="audio per speaker used for the F0 quantiles (default: 5 s)")
+    b.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
     b.add_argument("--max-speakers", type=int, default=None, help="first N speakers per directory (tests)")
     b.set_defaults(func=run_build)
     i = ps.add_parser("info", help="summarise a pool file (default: the shipped one)")
@@ -30,11 +31,10 @@ def register(sub) -> None:
 def run_build(args) -> int:
     import torch
 
-    from rtanon.identity.encoder import make_encoder
     from rtanon.identity.pool import build_pool
 
     torch.set_num_threads(1)
-    pool = build_pool(args.data, make_encoder(args.encoder), f0_tracker=args.f0_tracker,
+    pool = build_pool(args.data, args.encoder, f0_tracker=args.f0_tracker, jobs=args.jobs,
                       f0_max_seconds_per_speaker=args.f0_max_seconds, max_speakers=args.max_speakers)
     pool.save(args.out)
     print(f"wrote {args.out}: {len(pool)} speakers, {pool.utt_embeddings.shape[0]} utterances, "

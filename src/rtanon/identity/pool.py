@@ -140,53 +140,94 @@ class SpeakerPool:
             raise PoolError("pool: genders must be 'm' or 'f'")
 
 
-def build_pool(data_dirs: list[str | Path], encoder, *, f0_tracker: str = "auto",
-               f0_max_seconds_per_speaker: float = 8.0, progress: bool = True,
-               max_speakers: int | None = None) -> SpeakerPool:
-    """Embeds every utterance of the Kaldi-style ``data_dirs`` with ``encoder``.
+def _speaker_stats(encoder, wavs: list, tracker: str, f0_max_seconds: float) -> tuple[list, np.ndarray]:
+    """Utterance embeddings and voiced F0 values (Hz) of one speaker's files."""
+    from rtanon.audio_io import read_audio
+    from rtanon.config import SAMPLE_RATE_HZ
+    from rtanon.identity.pitch import track_f0_hz
+
+    embs, voiced, f0_seconds = [], [], 0.0
+    for wav in wavs:
+        audio = read_audio(wav)
+        embs.append(encoder.embed(audio))
+        left = int((f0_max_seconds - f0_seconds) * SAMPLE_RATE_HZ)
+        if left >= SAMPLE_RATE_HZ // 2:
+            f0, _ = track_f0_hz(audio[:left], tracker)
+            voiced.append(f0[f0 > 0])
+            f0_seconds += min(left, audio.shape[0]) / SAMPLE_RATE_HZ
+    return embs, (np.concatenate(voiced) if voiced else np.zeros(0, np.float32))
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(encoder_name: str) -> None:
+    import torch
+
+    from rtanon.identity.encoder import make_encoder
+
+    torch.set_num_threads(1)
+    _WORKER["encoder"] = make_encoder(encoder_name)
+
+
+def _worker_job(job: tuple) -> tuple[list, np.ndarray]:
+    wavs, tracker, f0_max_seconds = job
+    return _speaker_stats(_WORKER["encoder"], wavs, tracker, f0_max_seconds)
+
+
+def build_pool(data_dirs: list[str | Path], encoder="resemblyzer", *, f0_tracker: str = "auto",
+               f0_max_seconds_per_speaker: float = 5.0, progress: bool = True,
+               max_speakers: int | None = None, jobs: int = 1) -> SpeakerPool:
+    """Embeds every utterance of the Kaldi-style ``data_dirs`` with ``encoder``
+    (a :class:`~rtanon.identity.encoder.SpeakerEncoder` or a name for ``make_encoder``).
 
     Per speaker: embedding = re-normalised mean of its utterance embeddings;
     F0 quantiles from the first ``f0_max_seconds_per_speaker`` of its
     utterances, in order (the tracker is the slow part: Harvest runs at about
-    3x real time);
-    age from spk2age when present. ``max_speakers`` (per directory) is for quick tests.
+    3x real time); age from spk2age when present. ``jobs`` > 1 runs speakers in
+    that many processes (``encoder`` must then be a name). ``max_speakers``
+    (per directory) is for quick tests.
     """
     from tqdm import tqdm
 
-    from rtanon.audio_io import read_audio
-    from rtanon.config import SAMPLE_RATE_HZ
-    from rtanon.identity.pitch import quantiles_hz, resolve_tracker, track_f0_hz
+    from rtanon.identity.encoder import ENCODERS, make_encoder
+    from rtanon.identity.pitch import quantiles_hz, resolve_tracker
     from rtanon.kaldi import KaldiDir
 
     tracker = resolve_tracker(f0_tracker)
     dirs = [KaldiDir.load(d) for d in data_dirs]
-    jobs = []
+    jobs_list = []
     for kd in dirs:
         spks = kd.speakers[:max_speakers] if max_speakers else kd.speakers
         for spk in spks:
             if spk not in kd.spk2gender:
                 raise PoolError(f"{kd.root}: speaker {spk} has no gender in spk2gender")
-            jobs.append((kd, spk, kd.utterances_of(spk)))
+            jobs_list.append((kd, spk, [kd.wav[u] for u in kd.utterances_of(spk)]))
+    work = [(wavs, tracker, f0_max_seconds_per_speaker) for _, _, wavs in jobs_list]
+    if jobs > 1:
+        import multiprocessing as mp
+
+        if not isinstance(encoder, str):
+            raise ValueError("build_pool(jobs > 1) needs the encoder's name, e.g. 'resemblyzer'")
+        encoder_name = ENCODERS[encoder].name if encoder in ENCODERS else encoder
+        ctx = mp.get_context("spawn")
+        executor = ctx.Pool(jobs, initializer=_worker_init, initargs=(encoder,))
+        results = executor.imap(_worker_job, work)
+    else:
+        executor = None
+        encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
+        encoder_name = encoder.name
+        results = (_speaker_stats(encoder, *w) for w in work)
     seen: set[str] = set()
     ids, embs, genders, ages, corpora, f0q, nvoiced, utt_embs, utt_spk = [], [], [], [], [], [], [], [], []
-    n_utts = sum(len(u) for _, _, u in jobs)
-    with tqdm(total=n_utts, desc="pool: embedding + F0", unit="utt", disable=not progress) as bar:
-        for kd, spk, utts in jobs:
+    try:
+        for (kd, spk, _), (s_embs, voiced_all) in tqdm(zip(jobs_list, results), total=len(jobs_list),
+                                                      desc="pool: embedding + F0", unit="spk",
+                                                      disable=not progress):
             key = f"{kd.root.name}/{spk}" if spk in seen else spk
             seen.add(spk)
-            s_embs, voiced, f0_seconds = [], [], 0.0
-            for utt in utts:
-                audio = read_audio(kd.wav[utt])
-                s_embs.append(encoder.embed(audio))
-                left = int((f0_max_seconds_per_speaker - f0_seconds) * SAMPLE_RATE_HZ)
-                if left >= SAMPLE_RATE_HZ // 2:
-                    f0, _ = track_f0_hz(audio[:left], tracker)
-                    voiced.append(f0[f0 > 0])
-                    f0_seconds += min(left, audio.shape[0]) / SAMPLE_RATE_HZ
-                bar.update(1)
-            voiced_all = np.concatenate(voiced) if voiced else np.zeros(0, np.float32)
             if voiced_all.size < 20:
-                bar.write(f"skipping {key}: only {voiced_all.size} voiced frames")
+                tqdm.write(f"skipping {key}: only {voiced_all.size} voiced frames")
                 continue
             idx = len(ids)
             ids.append(key)
@@ -199,9 +240,14 @@ def build_pool(data_dirs: list[str | Path], encoder, *, f0_tracker: str = "auto"
             nvoiced.append(voiced_all.size)
             utt_embs.extend(s_embs)
             utt_spk.extend([idx] * len(s_embs))
+    finally:
+        if executor is not None:
+            executor.close()
+            executor.join()
     if not ids:
         raise PoolError("no speaker with voiced speech in " + ", ".join(str(d) for d in data_dirs))
-    meta = {"format_version": POOL_FORMAT_VERSION, "encoder": encoder.name, "embedding_dim": int(encoder.dim),
+    meta = {"format_version": POOL_FORMAT_VERSION, "encoder": str(encoder_name),
+            "embedding_dim": int(embs[0].shape[0]),
             "f0_tracker": tracker, "f0_frame_ms": 10, "f0_max_seconds_per_speaker": f0_max_seconds_per_speaker,
             "quantile_levels": QUANTILE_LEVELS.tolist(), "sources": [str(kd.root.name) for kd in dirs],
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
