@@ -28,7 +28,7 @@ def register(sub) -> None:
                    help="speaker: one identity from all --enroll files; utterance: one per file, written "
                         "as OUT-1.json, OUT-2.json, ... (default: speaker)")
     n.add_argument("--theta-fd", type=float, default=None,
-                   help="gmm forced dissimilarity: max cosine to the user's voice (default 0.9 with --enroll)")
+                   help="gmm forced dissimilarity: max cosine to the user's voice (default 0.75 with --enroll)")
     n.add_argument("--pool", metavar="FILE", help="speaker pool file (default: the shipped pool)")
     n.add_argument("--seed", type=int, default=None, help="reproducible identity (default: OS random source)")
     n.add_argument("--out", required=True, metavar="FILE", help="identity JSON to write")
@@ -140,9 +140,10 @@ def run_search(args) -> int:
     rows = search_gmm(pool, repeats=args.repeats)
     print(format_search(rows))
     v, k = choose(rows)
-    print(f"chosen: PCA variance {v}, {k} GMM component(s) (lowest KS averaged over genders; ties within 0.005 "
-          f"to fewer components, then less variance). GmmConfig default: PCA variance {d.pca_variance}, "
-          f"{d.n_components} component(s).")
+    print(f"chosen: PCA variance {v}, {k} GMM component(s) (lowest KS averaged over genders among the "
+          f"configurations whose identities are not closer to a training speaker than real held-out voices "
+          f"are, +0.02; ties within 0.005 to fewer components, then less variance). GmmConfig default: "
+          f"PCA variance {d.pca_variance}, {d.n_components} component(s).")
     print("\nJoint voice + pitch model: share of the joint vector's variance given to the log-F0 quantiles "
           "(0 = paper 003, pitch not modelled: every identity gets the gender's mean pitch).")
     print(format_pitch_weight(search_pitch_weight(pool, repeats=args.repeats)))
