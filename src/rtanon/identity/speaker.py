@@ -64,7 +64,8 @@ class PseudoSpeaker:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+        body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in self.to_json().items())
+        tmp.write_text("{\n" + body + "\n}\n", encoding="utf-8")
         tmp.replace(path)
 
     @classmethod
