@@ -146,7 +146,9 @@ def test_forced_dissimilarity_is_respected(model, pool):
     forced = [model.new_identity("gmm", gender="same", user_embedding=u, theta_fd=theta, rng=rng)
               for _ in range(50)]
     assert all(float(f.embedding @ u) <= theta for f in forced)
-    assert sum(f.strategy["redraws"] for f in forced) > 0
+    assert all(f.strategy["theta_fd"] == theta for f in forced)
+    emb, _, redraws = model.generator.models["m"].sample(50, rng, u, theta_fd=theta)
+    assert redraws > 0 and float((emb @ u).max()) <= theta
     with pytest.raises(RuntimeError, match="forced dissimilarity"):
         model.generator.models["m"].sample(1, rng, u, theta_fd=-1.0)
 

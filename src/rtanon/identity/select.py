@@ -163,6 +163,7 @@ class Selector:
             details.update(N_star=n_star)
         else:
             clusters = list(self.clusters(gender, distance))
+            n_clusters = len(clusters)
             if user_embedding is not None and len(clusters) > 1:
                 closest = np.argmin([self.distance(user_embedding, self.pool.embeddings[c], distance).mean()
                                      for c in clusters])
@@ -173,8 +174,7 @@ class Selector:
             chosen = clusters[int(rng.choice(order[:k]))]
             m = max(1, round(self.config.cluster_member_fraction * chosen.shape[0]))
             cand = rng.choice(chosen, size=m, replace=False)
-            details.update(n_clusters=len(clusters) + (user_embedding is not None and len(clusters) > 0),
-                           cluster_size=int(chosen.shape[0]), N_star=m)
+            details.update(n_clusters=n_clusters, cluster_size=int(chosen.shape[0]), N_star=m)
         cand = np.sort(cand)
         emb = _unit(self.pool.embeddings[cand].mean(axis=0))
         f0 = mixture_quantiles_hz(self.pool.f0_quantiles_hz[cand], self.pool.voiced_frames[cand],

@@ -151,12 +151,12 @@ class IdentityModel:
         if strategy == "gmm":
             cfg = self._gmm_config
             fd = cfg.theta_fd if theta_fd is None else theta_fd
-            emb, f0, redraws = self.generator.models[target_gender].sample(
+            # the redraw count is not kept: it would hint at how close the user is to the pool
+            emb, f0, _ = self.generator.models[target_gender].sample(
                 1, rng, user_embedding, fd if user_embedding is not None else None)
             emb, f0 = emb[0], f0[0]
             desc.update(pca_variance=cfg.pca_variance, n_components=cfg.n_components,
-                        pitch_weight=cfg.pitch_weight,
-                        theta_fd=fd if user_embedding is not None else None, redraws=redraws)
+                        pitch_weight=cfg.pitch_weight, theta_fd=fd if user_embedding is not None else None)
         else:
             sel = self.selector.select(strategy, target_gender, rng, distance=distance,
                                        user_embedding=user_embedding)
