@@ -152,3 +152,14 @@ def test_algorithmic_latency_is_computed_from_the_stages(anonymizer):
     assert s.algorithmic_latency_samples == s.chunk_samples + s.vad.latency_samples + sum(
         st.latency_samples for st in s.stages)
     assert s.algorithmic_latency_samples == 480  # 20 ms chunk + 10 ms McAdams overlap-add
+
+
+def test_a_pinned_identity_fixes_the_voice_and_a_fresh_session_differs(anonymizer):
+    from rtanon.identity.speaker import new_identity
+
+    ident = new_identity("gmm", rng=np.random.default_rng(0))
+    a = anonymizer.open_session(identity=ident).voice
+    b = anonymizer.open_session(identity=ident).voice
+    assert a == b and a["identity"]["strategy"] == "gmm"
+    other = new_identity("gmm", rng=np.random.default_rng(1))
+    assert anonymizer.open_session(identity=other).voice["alpha"] != a["alpha"]

@@ -28,12 +28,13 @@ def voice_seed(seed: int | None, key: str) -> int | None:
 
 
 def anonymize_dir(anonymizer, data: str | Path | KaldiDir, out: str | Path, *, assignment: str = "speaker",
-                  seed: int | None = None, progress: bool = True) -> KaldiDir:
+                  seed: int | None = None, identity=None, progress: bool = True) -> KaldiDir:
     """Anonymizes every utterance of ``data`` into ``out``; returns the new KaldiDir.
 
     ``assignment="speaker"``: one session (one pseudo-voice) per original
     speaker, reset between that speaker's utterances; ``"utterance"``: a new
-    pseudo-voice for every utterance.
+    pseudo-voice for every utterance. ``identity`` (a PseudoSpeaker) pins one
+    voice for every speaker, on purpose.
     """
     from tqdm import tqdm
 
@@ -48,11 +49,11 @@ def anonymize_dir(anonymizer, data: str | Path | KaldiDir, out: str | Path, *, a
         spk = src.utt2spk[utt]
         if assignment == "speaker":
             if spk not in sessions:
-                sessions[spk] = anonymizer.open_session(seed=voice_seed(seed, spk))
+                sessions[spk] = anonymizer.open_session(seed=voice_seed(seed, spk), identity=identity)
             session = sessions[spk]
             session.reset()
         else:
-            session = anonymizer.open_session(seed=voice_seed(seed, utt))
+            session = anonymizer.open_session(seed=voice_seed(seed, utt), identity=identity)
         anonymize_file(session, src.wav[utt], out / f"{utt}.wav")
     _write_map(out / "wav.scp", {u: f"{u}.wav" for u in utts})
     _write_map(out / "utt2spk", {u: src.utt2spk[u] for u in utts})

@@ -62,22 +62,25 @@ class Anonymizer:
     def chunk_samples(self) -> int:
         return self.config.stream.chunk_samples
 
-    def open_session(self, seed: int | None = None, *, profile: bool = False) -> "Session":
+    def open_session(self, seed: int | None = None, *, identity=None, profile: bool = False) -> "Session":
         """A new stream with its own pseudo-voice. ``seed=None`` draws the voice
-        from the OS random source (the default: unlinkable across sessions)."""
-        return Session(self, np.random.default_rng(seed), profile=profile)
+        from the OS random source (the default: unlinkable across sessions);
+        ``identity`` (a PseudoSpeaker, e.g. from ``rtanon identity new``) pins it."""
+        return Session(self, np.random.default_rng(seed), identity=identity, profile=profile)
 
 
 class Session:
     """One anonymized stream. Not thread-safe: one worker calls ``process``."""
 
-    def __init__(self, anonymizer: Anonymizer, rng: np.random.Generator, *, profile: bool = False) -> None:
+    def __init__(self, anonymizer: Anonymizer, rng: np.random.Generator, *, identity=None,
+                 profile: bool = False) -> None:
         cfg = anonymizer.config
         self.anonymizer = anonymizer
         self.chunk_samples = cfg.stream.chunk_samples
         self._method = anonymizer.method
         self.vad = VadStage(cfg.vad, self.chunk_samples)
-        self.stages: list[Stage] = anonymizer.method.make_stages(rng)
+        self.identity = identity
+        self.stages: list[Stage] = anonymizer.method.make_stages(rng, identity)
         self.counters = Counters()
         self.times = StageTimes() if profile else None
         self._noise_rng = np.random.default_rng(rng.integers(2**63))
@@ -97,7 +100,11 @@ class Session:
     @property
     def voice(self) -> dict:
         """Description of this session's pseudo-voice."""
-        return self._method.describe_voice(self.stages)
+        voice = self._method.describe_voice(self.stages)
+        if self.identity is not None:
+            voice["identity"] = {"strategy": self.identity.strategy.get("name"),
+                                 "created_utc": self.identity.created_utc}
+        return voice
 
     def comfort_noise(self, n: int) -> np.ndarray:
         """``n`` samples of the session's comfort noise (float32, 16 kHz)."""

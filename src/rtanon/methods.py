@@ -2,12 +2,14 @@
 
 A method is built once per :class:`rtanon.engine.Anonymizer` (it may hold
 shared, immutable models) and makes the per-session stages with
-``make_stages(rng)``: the random generator decides the session's voice.
+``make_stages(rng, identity)``: the random generator decides the session's
+voice, unless a pinned :class:`rtanon.identity.speaker.PseudoSpeaker` does.
 There is deliberately no pass-through method.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable, Protocol
 
 import numpy as np
@@ -19,8 +21,9 @@ from rtanon.stages import Stage
 class Method(Protocol):
     name: str
 
-    def make_stages(self, rng: np.random.Generator) -> list[Stage]:
-        """Stages for one session, applied in order to 16 kHz float32 chunks."""
+    def make_stages(self, rng: np.random.Generator, identity=None) -> list[Stage]:
+        """Stages for one session, applied in order to 16 kHz float32 chunks.
+        ``identity`` (a PseudoSpeaker) pins the session's voice when given."""
         ...
 
     def describe_voice(self, stages: list[Stage]) -> dict:
@@ -28,8 +31,17 @@ class Method(Protocol):
         ...
 
 
+def identity_seed(identity) -> int:
+    """A seed fixed by a PseudoSpeaker's embedding: the same identity file gives
+    the same voice in methods whose voice is a random draw (McAdams' alpha)."""
+    digest = hashlib.sha256(np.asarray(identity.embedding, np.float32).tobytes()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 class McAdamsMethod:
-    """VoicePrivacy B2: McAdams coefficient drawn per session."""
+    """VoicePrivacy B2: McAdams coefficient drawn per session (or fixed by a
+    pinned identity: McAdams has no speaker embedding, so the identity's
+    embedding seeds the draw)."""
 
     name = "mcadams"
 
@@ -40,9 +52,11 @@ class McAdamsMethod:
         # compile (or load from Numba's cache) the kernels now, not in the first live chunk
         mcadams_frame(np.hanning(config.mcadams.window_ms * SAMPLE_RATE_HZ // 1000), 0.8, config.mcadams.lpc_order)
 
-    def make_stages(self, rng: np.random.Generator) -> list[Stage]:
+    def make_stages(self, rng: np.random.Generator, identity=None) -> list[Stage]:
         from rtanon.stages.mcadams import McAdamsStage
 
+        if identity is not None:
+            rng = np.random.default_rng(identity_seed(identity))
         mc = self._config.mcadams
         alpha = rng.uniform(mc.alpha_min, mc.alpha_max)
         return [McAdamsStage(mc, self._config.stream.chunk_samples, alpha)]

@@ -22,6 +22,22 @@ def add_seed_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="pin the pseudo-voice (reproducible runs); by default every run draws a fresh, "
                         "unlinkable voice from the OS random source")
+    p.add_argument("--identity", metavar="FILE", default=None,
+                   help="pin a pseudo-speaker made by `rtanon identity new` (on purpose: the same file gives "
+                        "the same voice every time, so sessions using it can be linked)")
+
+
+def identity_from_args(args: argparse.Namespace):
+    """The PseudoSpeaker named by --identity, or None."""
+    if getattr(args, "identity", None) is None:
+        return None
+    from rtanon.errors import CliError
+    from rtanon.identity.speaker import IdentityError, PseudoSpeaker
+
+    try:
+        return PseudoSpeaker.load(args.identity)
+    except (IdentityError, OSError) as exc:
+        raise CliError(f"--identity {args.identity}: {exc}") from None
 
 
 def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args
+from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args, identity_from_args
 
 
 def register(sub) -> None:
@@ -23,6 +23,7 @@ def run(args) -> int:
     from rtanon.corpus import anonymize_dir
 
     out = anonymize_dir(anonymizer_from_args(args), args.data, args.out,
-                        assignment=args.assignment, seed=args.seed)
+                        assignment=args.assignment, seed=args.seed,
+                        identity=identity_from_args(args))
     print(f"wrote {len(out.wav)} utterances of {len(out.speakers)} speakers to {out.root}")
     return 0

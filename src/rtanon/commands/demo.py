@@ -25,13 +25,13 @@ def run(args) -> int:
     import numpy as np
 
     from rtanon.audio_io import AtomicWriter, read_audio
-    from rtanon.commands._common import anonymizer_from_args
+    from rtanon.commands._common import anonymizer_from_args, identity_from_args
     from rtanon.config import SAMPLE_RATE_HZ
     from rtanon.resources import demo_speech_path
 
     with demo_speech_path() as src:
         x = read_audio(src)
-    session = anonymizer_from_args(args).open_session(seed=args.seed)
+    session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
     t0 = time.perf_counter()
     y = session.process_signal(x)
     seconds = time.perf_counter() - t0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args
+from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args, identity_from_args
 
 
 def register(sub) -> None:
@@ -28,7 +28,7 @@ def run(args) -> int:
     from rtanon.audio_io import anonymize_file, probe
 
     info = probe(args.input)
-    session = anonymizer_from_args(args).open_session(seed=args.seed)
+    session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
     with tqdm(total=round(info.seconds, 1), unit="s", desc="anonymizing", disable=info.seconds < 30,
               file=sys.stderr) as bar:
         anonymize_file(session, args.input, args.output, progress=lambda s: bar.update(round(s, 2)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args
+from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args, identity_from_args
 
 
 def register(sub) -> None:
@@ -35,7 +35,7 @@ def run(args) -> int:
     import_sounddevice()
     from rtanon.live import run_live
 
-    session = anonymizer_from_args(args).open_session(seed=args.seed)
+    session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
     try:
         core = run_live(session, args.input, args.output, duration_s=args.duration,
                         device_rate_hz=args.device_rate, stream=None if args.quiet else sys.stderr)
