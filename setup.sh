@@ -42,10 +42,22 @@ fi
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "rtanon needs Python >= 3.11 ($py is older); set PYTHON=" >&2; exit 1; }
 [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
 extras=${RTANON_EXTRAS:-}
-[ "$job" = test ] && extras="test${extras:+,$extras}"
+[ "$job" = test ] && extras="test,identity,eval,train${extras:+,$extras}"
+pip_install() { .venv/bin/python -m pip install -q "$@"; }
+pip_install --upgrade pip >/dev/null
+case ",$extras," in
+  *,identity,*|*,train,*|*,eval,*)
+    # torch pinned first: an unpinned torch requirement would pull several GB of CUDA wheels
+    say "installing torch==2.13.0 (CPU)"
+    pip_install torch==2.13.0 ;;
+esac
+case ",$extras," in
+  *,identity,*)
+    # resemblyzer's metadata asks for webrtcvad (needs a compiler); webrtcvad-wheels provides it
+    pip_install --no-deps resemblyzer==0.1.4 ;;
+esac
 say "installing rtanon into .venv${extras:+ (extras: $extras)}"
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q ".${extras:+[$extras]}"
+pip_install ".${extras:+[$extras]}"
 
 # --- the job -----------------------------------------------------------------
 case "$job" in
