@@ -341,7 +341,7 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     hi_hz = spec + 2.0 * std
     if hi_hz > f0max:
         hi_hz = f0max
-    if lo_hz > 0.5 * hi_hz and lo_hz >= hi_hz:
+    if lo_hz >= hi_hz:
         lo_hz = 0.5 * hi_hz
     lag_lo = int(np.floor(8000.0 / hi_hz)) - _NCCF_CENTER
     lag_hi = int(np.floor(8000.0 / lo_hz)) + _NCCF_CENTER
