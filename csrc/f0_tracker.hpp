@@ -155,32 +155,25 @@ class F0Kernel {
     mean = mean + (value - mean) / n_eff;
   }
 
+  // Radix-2 FFT, decimation in frequency, output in bit-reversed order.
   void fft() {
     const int n = nfft_;
     double* re = re_.data();
     double* im = im_.data();
-    for (int i = 0; i < n; ++i) {
-      const int j = brev_[i];
-      if (j > i) {
-        std::swap(re[i], re[j]);
-        std::swap(im[i], im[j]);
-      }
-    }
-    for (int size = 2; size <= n; size *= 2) {
+    for (int size = n; size >= 2; size /= 2) {
       const int half = size / 2;
       const int step = n / size;
-      for (int start = 0; start < n; start += size) {
-        int k = 0;
-        for (int j = start; j < start + half; ++j) {
-          const double wr = twc_[k], wi = tws_[k];
+      for (int k = 0; k < half; ++k) {
+        const double wr = twc_[k * step], wi = tws_[k * step];
+        for (int start = 0; start < n; start += size) {
+          const int j = start + k;
           const int m = j + half;
-          const double tr = wr * re[m] - wi * im[m];
-          const double ti = wr * im[m] + wi * re[m];
-          re[m] = re[j] - tr;
-          im[m] = im[j] - ti;
-          re[j] = re[j] + tr;
-          im[j] = im[j] + ti;
-          k += step;
+          const double ur = re[j], ui = im[j], vr = re[m], vi = im[m];
+          re[j] = ur + vr;
+          im[j] = ui + vi;
+          const double dr = ur - vr, di = ui - vi;
+          re[m] = dr * wr - di * wi;
+          im[m] = dr * wi + di * wr;
         }
       }
     }
@@ -254,10 +247,18 @@ class F0Kernel {
     double maxphi = 0.0;
     for (int lag = lag_lo; lag <= lag_hi; ++lag) {
       const int s0 = (lag_max_g - lag) / 2;
-      double acc = 0.0;
       const double* xa = buf + off + s0;
       const double* xb = buf + off + s0 + lag;
-      for (int i = 0; i < nccf_n; ++i) acc += xa[i] * xb[i];
+      double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+      const int n4 = nccf_n - nccf_n % 4;
+      for (int i = 0; i < n4; i += 4) {
+        a0 += xa[i] * xb[i];
+        a1 += xa[i + 1] * xb[i + 1];
+        a2 += xa[i + 2] * xb[i + 2];
+        a3 += xa[i + 3] * xb[i + 3];
+      }
+      for (int i = n4; i < nccf_n; ++i) a0 += xa[i] * xb[i];
+      const double acc = (a0 + a1) + (a2 + a3);
       const double ex = cs[s0 + nccf_n] - cs[s0];
       const double ey = cs[s0 + lag + nccf_n] - cs[s0 + lag];
       const double den = ex * ey;
@@ -344,11 +345,12 @@ class F0Kernel {
     for (int i = 0; i < sw4_; ++i) im[i] -= mean_b;
     fft();
     for (int k = 0; k < nh + 1; ++k) {
-      const int kk = (nfft - k) % nfft;
-      const double ar = re[k] + re[kk];
-      const double ai = im[k] - im[kk];
-      const double br = re[k] - re[kk];
-      const double bi = im[k] + im[kk];
+      const int p = brev_[k];
+      const int q = brev_[(nfft - k) % nfft];
+      const double ar = re[p] + re[q];
+      const double ai = im[p] - im[q];
+      const double br = re[p] - re[q];
+      const double bi = im[p] + im[q];
       mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
       mag_b[k] = 0.5 * std::sqrt(br * br + bi * bi);
     }
@@ -435,7 +437,8 @@ class F0Kernel {
       cp[q] = 0.0;
       cm[q] = 0.0;
     }
-    if (lag_hi - lag_lo >= 2 * kNccfCenter + 1) {
+    // definitely unvoiced frames (en <= nlfer_thresh2) discard the NCCF: skip it
+    if (lag_hi - lag_lo >= 2 * kNccfCenter + 1 && en > fp_[F_NLFER2]) {
       std::fill(phi_.begin(), phi_.end(), 0.0);
       nccf_candidates(0, off_a, 2 * h8, lag_lo, lag_hi, cp, cm, 0);
       std::fill(phi_.begin(), phi_.end(), 0.0);

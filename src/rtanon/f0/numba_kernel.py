@@ -47,35 +47,31 @@ _MAX_PEAKS = 64
 
 
 @njit(cache=True)
-def _fft(re, im, twc, tws, brev, n):
-    """In-place iterative radix-2 FFT (decimation in time), exp(-2πi kn/N)."""
-    for i in range(n):
-        j = brev[i]
-        if j > i:
-            t = re[i]
-            re[i] = re[j]
-            re[j] = t
-            t = im[i]
-            im[i] = im[j]
-            im[j] = t
-    size = 2
-    while size <= n:
+def _fft(re, im, twc, tws, n):
+    """In-place radix-2 FFT, decimation in frequency, exp(-2πi kn/N); the
+    output is in bit-reversed order (bin k at index brev[k]). The twiddle is
+    the outer loop, so each is loaded once per stage."""
+    size = n
+    while size >= 2:
         half = size // 2
         step = n // size
-        for start in range(0, n, size):
-            k = 0
-            for j in range(start, start + half):
-                wr = twc[k]
-                wi = tws[k]
+        for k in range(half):
+            wr = twc[k * step]
+            wi = tws[k * step]
+            for start in range(0, n, size):
+                j = start + k
                 m = j + half
-                tr = wr * re[m] - wi * im[m]
-                ti = wr * im[m] + wi * re[m]
-                re[m] = re[j] - tr
-                im[m] = im[j] - ti
-                re[j] = re[j] + tr
-                im[j] = im[j] + ti
-                k += step
-        size *= 2
+                ur = re[j]
+                ui = im[j]
+                vr = re[m]
+                vi = im[m]
+                re[j] = ur + vr
+                im[j] = ui + vi
+                dr = ur - vr
+                di = ui - vi
+                re[m] = dr * wr - di * wi
+                im[m] = dr * wi + di * wr
+        size //= 2
 
 
 @njit(cache=True)
@@ -153,9 +149,22 @@ def _nccf_candidates(fp, buf, row, off, w8, cs, phi, nccf_n, lag_max_g, lag_lo, 
     maxphi = 0.0
     for lag in range(lag_lo, lag_hi + 1):
         s0 = (lag_max_g - lag) // 2
-        acc = 0.0
-        for i in range(nccf_n):
-            acc += buf[row, off + s0 + i] * buf[row, off + s0 + lag + i]
+        # four partial sums (breaks the add latency chain; the C++ kernel sums alike)
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        ia = off + s0
+        ib = off + s0 + lag
+        n4 = nccf_n - nccf_n % 4
+        for i in range(0, n4, 4):
+            a0 += buf[row, ia + i] * buf[row, ib + i]
+            a1 += buf[row, ia + i + 1] * buf[row, ib + i + 1]
+            a2 += buf[row, ia + i + 2] * buf[row, ib + i + 2]
+            a3 += buf[row, ia + i + 3] * buf[row, ib + i + 3]
+        for i in range(n4, nccf_n):
+            a0 += buf[row, ia + i] * buf[row, ib + i]
+        acc = (a0 + a1) + (a2 + a3)
         ex = cs[s0 + nccf_n] - cs[s0]
         ey = cs[s0 + lag + nccf_n] - cs[s0 + lag]
         den = ex * ey
@@ -262,13 +271,14 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     mean_b /= sw4
     for i in range(sw4):
         im[i] -= mean_b
-    _fft(re, im, twc, tws, brev, nfft)
+    _fft(re, im, twc, tws, nfft)
     for k in range(nh + 1):
-        kk = (nfft - k) % nfft
-        ar = re[k] + re[kk]
-        ai = im[k] - im[kk]
-        br = re[k] - re[kk]
-        bi = im[k] + im[kk]
+        p = brev[k]
+        q = brev[(nfft - k) % nfft]
+        ar = re[p] + re[q]
+        ai = im[p] - im[q]
+        br = re[p] - re[q]
+        bi = im[p] + im[q]
         mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
         mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
 
@@ -352,7 +362,8 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     for q in range(2 * _NCCF_PER_SIGNAL):
         cp[q] = 0.0
         cm[q] = 0.0
-    if lag_hi - lag_lo >= 2 * _NCCF_CENTER + 1:
+    # (definitely unvoiced frames, en <= nlfer_thresh2, discard the NCCF: skip it)
+    if lag_hi - lag_lo >= 2 * _NCCF_CENTER + 1 and en > fp[F_NLFER2]:
         for q in range(ip[I_LAG_MAX] + 2):
             phi[q] = 0.0
         _nccf_candidates(fp, buf8, 0, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm, 0)
