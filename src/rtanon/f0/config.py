@@ -10,6 +10,7 @@ the two kernels can never disagree about a constant.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -136,8 +137,10 @@ class Derived:
     kaiser4: np.ndarray  # float64 [spectral window at 4 kHz]
 
 
+@lru_cache(maxsize=16)
 def derive(config: F0Config) -> Derived:
-    """Constants of both kernels, computed once from ``config``."""
+    """Constants of both kernels, computed once per ``config`` (cached; treat
+    the arrays as read-only)."""
     from scipy.signal import butter
     from scipy.signal.windows import hann, kaiser
 
