@@ -480,8 +480,9 @@ class F0Kernel {
       for (int q = 1; q < 3; ++q)
         if (dp_p[q] == 0.0) dp_m[q] = 0.0;
     } else {
+      // no NCCF peak: the spectral track, only if this frame has spectral harmonic peaks
       dp_p[0] = spec;
-      dp_m[0] = en < 2.0 ? en / 2.0 : 1.0;
+      dp_m[0] = nspec > 0 ? (en < 2.0 ? en / 2.0 : 1.0) : 0.0;
       for (int q = 1; q < kNC; ++q) {
         dp_p[q] = 0.0;
         dp_m[q] = 1.0 - dp_m[0];

@@ -408,8 +408,10 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
             if dp_p[q] == 0.0:
                 dp_m[q] = 0.0
     else:
+        # no NCCF peak: YAAPT offers the spectral track with merit min(1, en / 2); here only when
+        # this frame itself has spectral harmonic peaks (white noise would be voiced otherwise)
         dp_p[0] = spec
-        dp_m[0] = en / 2.0 if en < 2.0 else 1.0
+        dp_m[0] = (en / 2.0 if en < 2.0 else 1.0) if nspec > 0 else 0.0
         for q in range(1, _NC):
             dp_p[q] = 0.0
             dp_m[q] = 1.0 - dp_m[0]
