@@ -26,8 +26,10 @@ Each voiced frame adds weight 1 against the prior's ``prior_s * 100``; with the
 defaults (1 s prior) the speaker's own frames carry half the weight after
 1 s of voiced speech (about 2-3 s of talking) and about 80 % after 4 s,
 and the mapping keeps following slow drifts with the ``memory_s`` time constant.
-For minmax the live source range is the estimated 1st-99th percentile
-(a running min/max would be ruled by single octave errors).
+For minmax live, the source's estimated 1st-99th percentile range is mapped
+onto the target's 1st-99th percentile range (a running min/max would be
+ruled by single octave errors), and the result is clipped to the target's
+min..max.
 """
 
 from __future__ import annotations
@@ -222,6 +224,7 @@ class StreamingPitchConverter:
         self.target = target
         self.source = OnlineF0Distribution(self.config)
         self._t_mu, self._t_sd = target.log_mean_std
+        self._t_range = np.interp([0.01, 0.99], target.levels, target.quantiles_hz)
 
     def reset(self) -> None:
         self.source.reset()
@@ -239,7 +242,8 @@ class StreamingPitchConverter:
                 mu, sd = src.log_mean_std
                 return np.exp((np.log(p) - mu) / sd * self._t_sd + self._t_mu)
             lo, hi = src.quantile([0.01, 0.99])
-            t_lo, t_hi = self.target.quantiles_hz[0], self.target.quantiles_hz[-1]
-            return np.clip((p - lo) * ((t_hi - t_lo) / (hi - lo)) + t_lo, t_lo, t_hi)
+            t_lo, t_hi = self._t_range
+            q = self.target.quantiles_hz
+            return np.clip((p - lo) * ((t_hi - t_lo) / (hi - lo)) + t_lo, q[0], q[-1])
 
         return _apply(f0, fn)
