@@ -344,14 +344,18 @@ class F0Kernel {
     mean_b /= sw4_;
     for (int i = 0; i < sw4_; ++i) im[i] -= mean_b;
     fft();
+    // |A| only where the energy band needs it; |B| on every bin (the SHC reads up to Nyquist)
+    const int kb0 = static_cast<int>(ip_[I_KB0]), kb1 = static_cast<int>(ip_[I_KB1]);
     for (int k = 0; k < nh + 1; ++k) {
       const int p = brev_[k];
       const int q = brev_[(nfft - k) % nfft];
-      const double ar = re[p] + re[q];
-      const double ai = im[p] - im[q];
+      if (kb0 <= k && k < kb1) {
+        const double ar = re[p] + re[q];
+        const double ai = im[p] - im[q];
+        mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
+      }
       const double br = re[p] - re[q];
       const double bi = im[p] + im[q];
-      mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
       mag_b[k] = 0.5 * std::sqrt(br * br + bi * bi);
     }
 

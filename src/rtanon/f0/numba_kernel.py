@@ -272,14 +272,16 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     for i in range(sw4):
         im[i] -= mean_b
     _fft(re, im, twc, tws, nfft)
+    # |A| only where the energy band needs it; |B| on every bin (the SHC reads up to Nyquist)
     for k in range(nh + 1):
         p = brev[k]
         q = brev[(nfft - k) % nfft]
-        ar = re[p] + re[q]
-        ai = im[p] - im[q]
+        if ip[I_KB0] <= k < ip[I_KB1]:
+            ar = re[p] + re[q]
+            ai = im[p] - im[q]
+            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
         br = re[p] - re[q]
         bi = im[p] + im[q]
-        mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
         mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
 
     # --- NLFER: low-band energy over its running mean
