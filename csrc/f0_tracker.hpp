@@ -163,7 +163,15 @@ class F0Kernel {
     for (int size = n; size >= 2; size /= 2) {
       const int half = size / 2;
       const int step = n / size;
-      for (int k = 0; k < half; ++k) {
+      for (int start = 0; start < n; start += size) {  // k = 0: the twiddle is 1
+        const int m = start + half;
+        const double ur = re[start], ui = im[start], vr = re[m], vi = im[m];
+        re[start] = ur + vr;
+        im[start] = ui + vi;
+        re[m] = ur - vr;
+        im[m] = ui - vi;
+      }
+      for (int k = 1; k < half; ++k) {
         const double wr = twc_[k * step], wi = tws_[k * step];
         for (int start = 0; start < n; start += size) {
           const int j = start + k;

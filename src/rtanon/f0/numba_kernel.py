@@ -55,7 +55,17 @@ def _fft(re, im, twc, tws, n):
     while size >= 2:
         half = size // 2
         step = n // size
-        for k in range(half):
+        for start in range(0, n, size):  # k = 0: the twiddle is 1
+            m = start + half
+            ur = re[start]
+            ui = im[start]
+            vr = re[m]
+            vi = im[m]
+            re[start] = ur + vr
+            im[start] = ui + vi
+            re[m] = ur - vr
+            im[m] = ui - vi
+        for k in range(1, half):
             wr = twc[k * step]
             wi = tws[k * step]
             for start in range(0, n, size):
