@@ -174,7 +174,6 @@ def derive(config: F0Config) -> Derived:
     nccf_n = 2 * h8 - lag_max - 1
     kb0 = int(np.around(c.f0_min_hz * 2 / _RATE4_HZ * _NFFT4)) - 1
     kb1 = int(np.around(c.f0_max_hz / _RATE4_HZ * _NFFT4))
-    hop4 = HOP_SAMPLES // 4
     sos = np.concatenate([butter(2, 50.0, "highpass", fs=SAMPLE_RATE_HZ, output="sos"),
                           butter(6, 1500.0, "lowpass", fs=SAMPLE_RATE_HZ, output="sos")]).astype(np.float64)
     ip = np.zeros(N_IPARAMS, np.int64)
@@ -202,6 +201,5 @@ def derive(config: F0Config) -> Derived:
     fp[F_E_PRIOR] = e_per_rms * 10.0 ** (c.energy_prior_dbfs / 20.0)
     fp[F_E_PRIOR_N] = c.energy_prior_s * 100.0
     fp[F_DELTA4] = delta
-    del hop4
     return Derived(ip, fp, np.ascontiguousarray(sos), hann(w4 + 2)[1:-1].astype(np.float64),
                    kaiser(sw4, 0.5).astype(np.float64))

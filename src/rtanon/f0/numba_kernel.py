@@ -34,7 +34,7 @@ from rtanon.f0.config import (
 )
 
 # Scalar state slots (float64), shared layout with the C++ kernel.
-S_MEANE, S_NE, S_SPEC_AVG, S_UNUSED, S_NSPEC, S_H0, S_H1, S_H2, S_PREV_E, S_MEANP, S_NP, S_HELD = range(12)
+S_MEANE, S_NE, S_SPEC_AVG, _S_FREE, S_NSPEC, S_H0, S_H1, S_H2, S_PREV_E, S_MEANP, S_NP, S_HELD = range(12)
 N_SCALARS = 12
 # Integer state slots.
 V_FILL, V_PHASE, V_T, V_SPEC_PREV = range(4)
@@ -43,7 +43,6 @@ _NC = N_CANDIDATES
 _NCCF_CENTER = 2  # YAAPT nccf_pwidth = 5
 _NCCF_PER_SIGNAL = 3
 _SPEC_CANDS = 4
-_MAX_PEAKS = 64
 
 
 @njit(cache=True)
