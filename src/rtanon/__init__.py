@@ -13,8 +13,9 @@ Map of the package:
 - ``rtanon.pulse``: PulseAudio/PipeWire virtual microphone and a private test daemon.
 - ``rtanon.bench``: latency and compute benchmarks.
 - ``rtanon.kaldi``: Kaldi-style data directories.
+- ``rtanon.f0``: streaming F0 tracker (C++ and Numba kernels) and pitch conversion.
 - ``rtanon.cli``: the ``rtanon`` command.
-- ``rtanon._core``: native kernels (C++, pybind11): ``RingBuffer``.
+- ``rtanon._core``: native kernels (C++, pybind11): ``RingBuffer``, ``F0Kernel``.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -1,0 +1,585 @@
+// Streaming YAAPT-style F0 tracker (Zahorian & Hu 2008), one stream per object.
+//
+// The same algorithm, operation for operation, as src/rtanon/f0/numba_kernel.py
+// (the parity test holds them together); every constant comes from
+// rtanon.f0.config.derive() through the iparams/fparams vectors, whose layout
+// is mirrored in the enums below. See numba_kernel.py for the description of
+// the steps. Nothing allocates after construction.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+namespace rtanon {
+
+class F0Kernel {
+ public:
+  // Layout of the integer parameters (rtanon/f0/config.py I_*).
+  enum IParam {
+    I_H8, I_LAG, I_NFFT, I_KB0, I_KB1, I_SHC_MIN, I_SHC_MAX, I_SHC_HALF, I_SHC_NH, I_PK_MIN, I_PK_MAX,
+    I_PK_CENTER, I_LAG_MIN, I_LAG_MAX, I_NCCF_N, I_NBQ, I_TAU_E, I_TAU_P, I_B8, I_SW4, N_IPARAMS
+  };
+  // Layout of the float parameters (F_*).
+  enum FParam {
+    F_F0MIN, F_F0MAX, F_NLFER1, F_NLFER2, F_SHC_T1, F_SHC_T2, F_K1, F_NCCF_T1, F_NCCF_T2, F_BOOST,
+    F_PIVOT, F_W1, F_W2, F_W3, F_W4, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_E_FLOOR, F_DELTA4,
+    F_E_PRIOR, F_E_PRIOR_N, N_FPARAMS
+  };
+  static constexpr int kHop = 160;  // 10 ms at 16 kHz
+  static constexpr int kNC = 6;     // DP candidates: 3 NCCF, spectral, best, unvoiced
+  static constexpr int kNccfPerSignal = 3;
+  static constexpr int kNccfCenter = 2;
+  static constexpr int kSpecCands = 4;
+
+  F0Kernel(std::vector<std::int64_t> iparams, std::vector<double> fparams, std::vector<double> sos,
+           std::vector<double> hann, std::vector<double> kaiser)
+      : ip_(std::move(iparams)), fp_(std::move(fparams)), sos_(std::move(sos)), hann_(std::move(hann)),
+        kais_(std::move(kaiser)) {
+    if (ip_.size() != N_IPARAMS || fp_.size() != N_FPARAMS)
+      throw std::invalid_argument("F0Kernel: parameter vectors do not match this build; rebuild rtanon._core");
+    nfft_ = static_cast<int>(ip_[I_NFFT]);
+    h8_ = static_cast<int>(ip_[I_H8]);
+    b8_ = static_cast<int>(ip_[I_B8]);
+    sw4_ = static_cast<int>(ip_[I_SW4]);
+    nbq_ = static_cast<int>(ip_[I_NBQ]);
+    lag_ = static_cast<int>(ip_[I_LAG]);
+    if (sos_.size() != static_cast<std::size_t>(nbq_) * 6 || hann_.size() != static_cast<std::size_t>(h8_) ||
+        kais_.size() != static_cast<std::size_t>(sw4_) || (nfft_ & (nfft_ - 1)) != 0)
+      throw std::invalid_argument("F0Kernel: window or filter sizes do not match the parameters");
+    twc_.resize(nfft_ / 2);
+    tws_.resize(nfft_ / 2);
+    const double pi = 3.14159265358979323846;
+    for (int k = 0; k < nfft_ / 2; ++k) {
+      twc_[k] = std::cos(2.0 * pi * k / nfft_);
+      tws_[k] = -std::sin(2.0 * pi * k / nfft_);
+    }
+    brev_.resize(nfft_);
+    int bits = 0;
+    while ((1 << bits) < nfft_) ++bits;
+    for (int i = 0; i < nfft_; ++i) {
+      int r = 0;
+      for (int b = 0; b < bits; ++b) r |= ((i >> b) & 1) << (bits - 1 - b);
+      brev_[i] = r;
+    }
+    zst_.assign(2 * nbq_ * 2, 0.0);
+    buf_[0].assign(b8_, 0.0);
+    buf_[1].assign(b8_, 0.0);
+    re_.assign(nfft_, 0.0);
+    im_.assign(nfft_, 0.0);
+    mag_a_.assign(nfft_ / 2 + 1, 0.0);
+    mag_b_.assign(nfft_ / 2 + 1, 0.0);
+    shc_len_ = static_cast<int>(std::max(ip_[I_SHC_MAX], ip_[I_PK_MAX] + ip_[I_PK_CENTER])) + 2;
+    shc_.assign(shc_len_, 0.0);
+    cs_.assign(b8_ + 1, 0.0);
+    phi_.assign(ip_[I_LAG_MAX] + 2, 0.0);
+    ringp_.assign((lag_ + 1) * kNC, 0.0);
+    ringb_.assign((lag_ + 1) * kNC, 0);
+    reset();
+  }
+
+  void reset() {
+    std::fill(zst_.begin(), zst_.end(), 0.0);
+    std::fill(buf_[0].begin(), buf_[0].end(), 0.0);
+    std::fill(buf_[1].begin(), buf_[1].end(), 0.0);
+    std::fill(spv_p_, spv_p_ + kSpecCands, 0.0);
+    std::fill(spv_a_, spv_a_ + kSpecCands, 0.0);
+    std::fill(dpacc_, dpacc_ + kNC, 0.0);
+    std::fill(ringp_.begin(), ringp_.end(), 0.0);
+    std::fill(ringb_.begin(), ringb_.end(), 0);
+    fill_ = b8_ - h8_;
+    phase_ = 0;
+    t_ = 0;
+    spec_prev_ = false;
+    const double prior = fp_[F_PRIOR_F0];
+    spec_avg_ = prior;
+    h0_ = h1_ = h2_ = held_ = prior;
+    meanp_ = prior;
+    nspec_ = fp_[F_PRIOR_N];
+    np_ = fp_[F_PRIOR_N];
+    meane_ = fp_[F_E_PRIOR];
+    ne_ = fp_[F_E_PRIOR_N];
+    prev_e_ = 0.0;
+  }
+
+  // x: n float32 samples at 16 kHz, n a multiple of 160. out: n / 160 values,
+  // the F0 (Hz, 0 = unvoiced) of the frame finalized by each 10 ms hop.
+  void process(const float* x, std::size_t n, double* out) {
+    const std::size_t nhops = n / kHop;
+    const int hop8 = kHop / 2;
+    for (std::size_t h = 0; h < nhops; ++h) {
+      for (std::size_t i = h * kHop; i < (h + 1) * kHop; ++i) {
+        double a = static_cast<double>(x[i]);
+        double b = a * a;
+        for (int s = 0; s < nbq_; ++s) {
+          const double* c = &sos_[s * 6];
+          double* za = &zst_[(0 * nbq_ + s) * 2];
+          double* zb = &zst_[(1 * nbq_ + s) * 2];
+          double y = c[0] * a + za[0];
+          za[0] = c[1] * a - c[4] * y + za[1];
+          za[1] = c[2] * a - c[5] * y;
+          a = y;
+          y = c[0] * b + zb[0];
+          zb[0] = c[1] * b - c[4] * y + zb[1];
+          zb[1] = c[2] * b - c[5] * y;
+          b = y;
+        }
+        if (phase_ == 0) {
+          buf_[0][fill_] = a;
+          buf_[1][fill_] = b;
+          ++fill_;
+        }
+        phase_ = 1 - phase_;
+      }
+      double val = 0.0;
+      if (fill_ == b8_) {
+        const double r = analyse_frame();
+        if (r > 0.0) val = r;
+        for (int i = 0; i < b8_ - hop8; ++i) {
+          buf_[0][i] = buf_[0][i + hop8];
+          buf_[1][i] = buf_[1][i + hop8];
+        }
+        fill_ = b8_ - hop8;
+      }
+      out[h] = val;
+    }
+  }
+
+ private:
+  static void running_mean(double& mean, double& count, double value, double tau) {
+    count += 1.0;
+    const double n_eff = count < tau ? count : tau;
+    mean = mean + (value - mean) / n_eff;
+  }
+
+  // Radix-2 FFT, decimation in frequency, output in bit-reversed order.
+  void fft() {
+    const int n = nfft_;
+    double* re = re_.data();
+    double* im = im_.data();
+    for (int size = n; size >= 2; size /= 2) {
+      const int half = size / 2;
+      const int step = n / size;
+      for (int start = 0; start < n; start += size) {  // k = 0: the twiddle is 1
+        const int m = start + half;
+        const double ur = re[start], ui = im[start], vr = re[m], vi = im[m];
+        re[start] = ur + vr;
+        im[start] = ui + vi;
+        re[m] = ur - vr;
+        im[m] = ui - vi;
+      }
+      for (int k = 1; k < half; ++k) {
+        const double wr = twc_[k * step], wi = tws_[k * step];
+        for (int start = 0; start < n; start += size) {
+          const int j = start + k;
+          const int m = j + half;
+          const double ur = re[j], ui = im[j], vr = re[m], vi = im[m];
+          re[j] = ur + vr;
+          im[j] = ui + vi;
+          const double dr = ur - vr, di = ui - vi;
+          re[m] = dr * wr - di * wi;
+          im[m] = dr * wi + di * wr;
+        }
+      }
+    }
+  }
+
+  int spectral_peaks(double* out_p, double* out_m) const {
+    const int pk_min = static_cast<int>(ip_[I_PK_MIN]);
+    const int pk_max = static_cast<int>(ip_[I_PK_MAX]);
+    const int center = static_cast<int>(ip_[I_PK_CENTER]);
+    const double delta = fp_[F_DELTA4];
+    const double* shc = shc_.data();
+    double maxd = 0.0;
+    for (int n = pk_min; n <= pk_max; ++n)
+      if (shc[n] > maxd) maxd = shc[n];
+    const double scale = maxd > 1e-14 ? 1.0 / maxd : 1.0;
+    double s = 0.0;
+    for (int n = pk_min; n <= pk_max; ++n) s += shc[n] * scale;
+    const double avg = s / (pk_max - pk_min + 1);
+    if (avg > 1.0 / fp_[F_SHC_T1] || avg <= 0.0) return 0;
+    int num = 0;
+    double bestm = 0.0;
+    for (int n = pk_min + center + 1; n < pk_max - center + 1; ++n) {
+      const double v = shc[n] * scale;
+      if (v > shc[n - 1] * scale && v > shc[n + 1] * scale && v > fp_[F_SHC_T2] * avg) {
+        bool ok = true;
+        for (int q = n - center; q < n + center + 1; ++q) {
+          const double w = shc[q] * scale;
+          if ((q < n && w >= v) || (q > n && w > v)) {
+            ok = false;
+            break;
+          }
+        }
+        if (ok) {
+          int pos = num < kSpecCands ? num : kSpecCands;
+          while (pos > 0 && out_m[pos - 1] < v) {
+            if (pos < kSpecCands) {
+              out_m[pos] = out_m[pos - 1];
+              out_p[pos] = out_p[pos - 1];
+            }
+            --pos;
+          }
+          if (pos < kSpecCands) {
+            out_m[pos] = v;
+            out_p[pos] = n * delta;
+          }
+          ++num;
+          if (v > bestm) bestm = v;
+        }
+      }
+    }
+    if (num == 0 || bestm / avg < fp_[F_SHC_T1]) return 0;
+    if (num > kSpecCands) num = kSpecCands;
+    for (int q = num; q < kSpecCands; ++q) {
+      out_p[q] = out_p[0];
+      out_m[q] = out_m[0];
+    }
+    return num;
+  }
+
+  int nccf_candidates(int row, int off, int w8, int lag_lo, int lag_hi, double* out_p, double* out_m, int k0) {
+    const double* buf = buf_[row].data();
+    const int nccf_n = static_cast<int>(ip_[I_NCCF_N]);
+    const int lag_max_g = static_cast<int>(ip_[I_LAG_MAX]);
+    double* cs = cs_.data();
+    double* phi = phi_.data();
+    cs[0] = 0.0;
+    for (int i = 0; i < w8; ++i) {
+      const double v = buf[off + i];
+      cs[i + 1] = cs[i] + v * v;
+    }
+    double maxphi = 0.0;
+    for (int lag = lag_lo; lag <= lag_hi; ++lag) {
+      const int s0 = (lag_max_g - lag) / 2;
+      const double* xa = buf + off + s0;
+      const double* xb = buf + off + s0 + lag;
+      double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+      const int n4 = nccf_n - nccf_n % 4;
+      for (int i = 0; i < n4; i += 4) {
+        a0 += xa[i] * xb[i];
+        a1 += xa[i + 1] * xb[i + 1];
+        a2 += xa[i + 2] * xb[i + 2];
+        a3 += xa[i + 3] * xb[i + 3];
+      }
+      for (int i = n4; i < nccf_n; ++i) a0 += xa[i] * xb[i];
+      const double acc = (a0 + a1) + (a2 + a3);
+      const double ex = cs[s0 + nccf_n] - cs[s0];
+      const double ey = cs[s0 + lag + nccf_n] - cs[s0 + lag];
+      const double den = ex * ey;
+      const double v = den > 1e-30 ? acc / std::sqrt(den) : 0.0;
+      phi[lag] = v;
+      if (v > maxphi) maxphi = v;
+    }
+    const int c = kNccfCenter;
+    const double t1 = fp_[F_NCCF_T1];
+    int num = 0;
+    int best_n = -1;
+    double best_v = -1.0;
+    for (int n = lag_lo + c; n < lag_hi - c + 1; ++n) {
+      const double v = phi[n];
+      if (v > phi[n - 1] && v > phi[n + 1] && v > t1) {
+        if (v > best_v) {
+          best_v = v;
+          best_n = n;
+        }
+      }
+    }
+    if (best_n < 0) return 0;
+    const bool single = maxphi > fp_[F_NCCF_T2];
+    for (int n = lag_lo + c; n < lag_hi - c + 1; ++n) {
+      const double v = phi[n];
+      if (!(v > phi[n - 1] && v > phi[n + 1] && v > t1)) continue;
+      if (single && n != best_n) continue;
+      if (!single) {
+        bool ok = true;
+        for (int q = n - c; q < n + c + 1; ++q) {
+          if ((q < n && phi[q] >= v) || (q > n && phi[q] > v)) {
+            ok = false;
+            break;
+          }
+        }
+        if (!ok) continue;
+      }
+      const double a = phi[n - 1];
+      const double b = phi[n + 1];
+      const double den = a - 2.0 * v + b;
+      const double d = den < 0.0 ? 0.5 * (a - b) / den : 0.0;
+      const double pitch = 8000.0 / (n + d);
+      int pos = num < kNccfPerSignal ? num : kNccfPerSignal;
+      while (pos > 0 && out_m[k0 + pos - 1] < v) {
+        if (pos < kNccfPerSignal) {
+          out_m[k0 + pos] = out_m[k0 + pos - 1];
+          out_p[k0 + pos] = out_p[k0 + pos - 1];
+        }
+        --pos;
+      }
+      if (pos < kNccfPerSignal) {
+        out_m[k0 + pos] = v;
+        out_p[k0 + pos] = pitch;
+      }
+      ++num;
+    }
+    return num < kNccfPerSignal ? num : kNccfPerSignal;
+  }
+
+  double analyse_frame() {
+    const int nfft = nfft_, h8 = h8_, w4 = h8_, nh = nfft_ / 2;
+    double* re = re_.data();
+    double* im = im_.data();
+    double* mag_a = mag_a_.data();
+    double* mag_b = mag_b_.data();
+    double* shc = shc_.data();
+    double cp[2 * kNccfPerSignal], cm[2 * kNccfPerSignal], sp[kSpecCands] = {0}, sm[kSpecCands] = {0};
+    double dp_p[kNC], dp_m[kNC], newacc[kNC];
+
+    // spectrum at 4 kHz
+    const int off_a = b8_ - 2 * h8;
+    const int off_b = b8_ - 2 * sw4_;
+    for (int i = 0; i < nfft; ++i) {
+      re[i] = 0.0;
+      im[i] = 0.0;
+    }
+    for (int i = 0; i < w4; ++i) re[i] = buf_[0][off_a + 2 * i] * hann_[i];
+    double mean_b = 0.0;
+    for (int i = 0; i < sw4_; ++i) {
+      im[i] = buf_[1][off_b + 2 * i] * kais_[i];
+      mean_b += im[i];
+    }
+    mean_b /= sw4_;
+    for (int i = 0; i < sw4_; ++i) im[i] -= mean_b;
+    fft();
+    // |A| only where the energy band needs it; |B| on every bin (the SHC reads up to Nyquist)
+    const int kb0 = static_cast<int>(ip_[I_KB0]), kb1 = static_cast<int>(ip_[I_KB1]);
+    for (int k = 0; k < nh + 1; ++k) {
+      const int p = brev_[k];
+      const int q = brev_[(nfft - k) % nfft];
+      if (kb0 <= k && k < kb1) {
+        const double ar = re[p] + re[q];
+        const double ai = im[p] - im[q];
+        mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
+      }
+      const double br = re[p] - re[q];
+      const double bi = im[p] + im[q];
+      mag_b[k] = 0.5 * std::sqrt(br * br + bi * bi);
+    }
+
+    // NLFER
+    double e = 0.0;
+    for (int k = static_cast<int>(ip_[I_KB0]); k < ip_[I_KB1]; ++k) e += mag_a[k];
+    running_mean(meane_, ne_, e, static_cast<double>(ip_[I_TAU_E]));
+    const double norm = meane_ > fp_[F_E_FLOOR] ? meane_ : fp_[F_E_FLOOR];
+    const double en = e / norm;
+    const std::int64_t t = t_;
+    const double prev_e = t > 0 ? prev_e_ : en;
+
+    // spectral track
+    const double avg = spec_avg_;
+    const double std_hz = fp_[F_SEARCH_STD] * avg;
+    int nspec = 0;
+    if (en > fp_[F_NLFER1]) {
+      for (int f = 0; f < shc_len_; ++f) shc[f] = 0.0;
+      const int half = static_cast<int>(ip_[I_SHC_HALF]);
+      const int nharm = static_cast<int>(ip_[I_SHC_NH]);
+      for (int f = static_cast<int>(ip_[I_SHC_MIN]); f <= ip_[I_SHC_MAX]; ++f) {
+        double s = 0.0;
+        for (int w = -half; w <= half; ++w) {
+          double prod = 1.0;
+          for (int r = 1; r <= nharm; ++r) {
+            const int idx = r * f + w;
+            prod *= (0 <= idx && idx <= nh) ? mag_b[idx] : 0.0;
+          }
+          s += prod;
+        }
+        shc[f] = s;
+      }
+      nspec = spectral_peaks(sp, sm);
+    }
+    if (nspec > 0) {
+      const double k1w = fp_[F_K1] * std_hz / avg;
+      const double f0min = fp_[F_F0MIN];
+      for (int j = 0; j < kSpecCands; ++j) {
+        const double local = 1.0 - sm[j];
+        if (!spec_prev_) {
+          newacc[j] = local;
+        } else {
+          double best = 1e300;
+          for (int i = 0; i < kSpecCands; ++i) {
+            const double d = std::fabs(spv_p_[i] - sp[j]) / f0min;
+            const double c = spv_a_[i] + k1w * (0.05 * d + d * d);
+            if (c < best) best = c;
+          }
+          newacc[j] = best + local;
+        }
+      }
+      int jbest = 0;
+      for (int j = 0; j < kSpecCands; ++j)
+        if (newacc[j] <= newacc[jbest]) jbest = j;
+      const double base = newacc[jbest];
+      for (int j = 0; j < kSpecCands; ++j) {
+        spv_p_[j] = sp[j];
+        spv_a_[j] = newacc[j] - base;
+      }
+      spec_prev_ = true;
+      const double raw = sp[jbest];
+      running_mean(spec_avg_, nspec_, raw, static_cast<double>(ip_[I_TAU_P]));
+      held_ = raw;
+    }
+    h0_ = h1_;
+    h1_ = h2_;
+    h2_ = held_;
+    const double spec = (h0_ + h1_ + h2_) / 3.0;
+
+    // NCCF candidates
+    const double f0min = fp_[F_F0MIN];
+    const double f0max = fp_[F_F0MAX];
+    double lo_hz = spec - 2.0 * std_hz;
+    if (lo_hz < f0min) lo_hz = f0min;
+    double hi_hz = spec + 2.0 * std_hz;
+    if (hi_hz > f0max) hi_hz = f0max;
+    if (lo_hz >= hi_hz) lo_hz = 0.5 * hi_hz;
+    int lag_lo = static_cast<int>(std::floor(8000.0 / hi_hz)) - kNccfCenter;
+    int lag_hi = static_cast<int>(std::floor(8000.0 / lo_hz)) + kNccfCenter;
+    if (lag_lo < ip_[I_LAG_MIN]) lag_lo = static_cast<int>(ip_[I_LAG_MIN]);
+    if (lag_hi > ip_[I_LAG_MAX] - 1) lag_hi = static_cast<int>(ip_[I_LAG_MAX] - 1);
+    for (int q = 0; q < 2 * kNccfPerSignal; ++q) {
+      cp[q] = 0.0;
+      cm[q] = 0.0;
+    }
+    // definitely unvoiced frames (en <= nlfer_thresh2) discard the NCCF: skip it
+    if (lag_hi - lag_lo >= 2 * kNccfCenter + 1 && en > fp_[F_NLFER2]) {
+      std::fill(phi_.begin(), phi_.end(), 0.0);
+      nccf_candidates(0, off_a, 2 * h8, lag_lo, lag_hi, cp, cm, 0);
+      std::fill(phi_.begin(), phi_.end(), 0.0);
+      nccf_candidates(1, off_a, 2 * h8, lag_lo, lag_hi, cp, cm, kNccfPerSignal);
+    }
+    const double fth = 5.0 * std_hz;
+    for (int q = 0; q < 2 * kNccfPerSignal; ++q) {
+      const double diff = std::fabs(cp[q] - spec);
+      cm[q] = diff < fth ? (1.0 + fp_[F_BOOST]) * cm[q] * (1.0 - diff / fth) : 0.0;
+    }
+    for (int q = 1; q < 2 * kNccfPerSignal; ++q) {
+      const double mq = cm[q], pq = cp[q];
+      int r = q;
+      while (r > 0 && cm[r - 1] < mq) {
+        cm[r] = cm[r - 1];
+        cp[r] = cp[r - 1];
+        --r;
+      }
+      cm[r] = mq;
+      cp[r] = pq;
+    }
+
+    // refine
+    for (int q = 0; q < 3; ++q) {
+      dp_p[q] = cp[q];
+      dp_m[q] = cm[q];
+    }
+    for (int q = 3; q < kNC; ++q) {
+      dp_p[q] = 0.0;
+      dp_m[q] = 0.0;
+    }
+    if (en <= fp_[F_NLFER2]) {
+      for (int q = 0; q < kNC; ++q) {
+        dp_p[q] = 0.0;
+        dp_m[q] = fp_[F_PIVOT];
+      }
+    } else if (dp_p[0] > 0.0) {
+      dp_m[5] = 1.0 - dp_m[0];
+      for (int q = 1; q < 3; ++q)
+        if (dp_p[q] == 0.0) dp_m[q] = 0.0;
+    } else {
+      // no NCCF peak: the spectral track, only if this frame has spectral harmonic peaks
+      dp_p[0] = spec;
+      dp_m[0] = nspec > 0 ? (en < 2.0 ? en / 2.0 : 1.0) : 0.0;
+      for (int q = 1; q < kNC; ++q) {
+        dp_p[q] = 0.0;
+        dp_m[q] = 1.0 - dp_m[0];
+      }
+    }
+    if (en > fp_[F_NLFER1] && cp[0] > 0.0) {
+      dp_p[4] = cp[0];
+      dp_m[4] = dp_m[0];
+    } else {
+      dp_p[4] = 0.0;
+      dp_m[4] = 1.0 - (en < 2.0 ? en / 2.0 : 1.0);
+    }
+    dp_p[3] = spec;
+    dp_m[3] = en / 5.0;
+    if (en > fp_[F_NLFER1] && cp[0] > 0.0 && cm[0] > 0.0)
+      running_mean(meanp_, np_, cp[0], static_cast<double>(ip_[I_TAU_P]));
+
+    // fixed-lag Viterbi
+    const int ring = lag_ + 1;
+    const int slot = static_cast<int>(t % ring);
+    const int pslot = static_cast<int>(((t - 1) % ring + ring) % ring);
+    const double w4c = fp_[F_W4];
+    double benefit = std::fabs(en - prev_e);
+    if (benefit > 1.0) benefit = 1.0;
+    const double c_vu = fp_[F_W2] * (1.0 - benefit) / w4c;
+    const double c_uu = fp_[F_W3] / w4c;
+    const double c_vv = fp_[F_W1] / meanp_ / w4c;
+    for (int j = 0; j < kNC; ++j) {
+      const double local = 1.0 - dp_m[j];
+      if (t == 0) {
+        newacc[j] = local;
+        ringb_[slot * kNC + j] = j;
+        continue;
+      }
+      const double pj = dp_p[j];
+      double best = 1e300;
+      int bi = 0;
+      for (int i = 0; i < kNC; ++i) {
+        const double pi = ringp_[pslot * kNC + i];
+        double c;
+        if (pi > 0.0 && pj > 0.0)
+          c = dpacc_[i] + c_vv * std::fabs(pi - pj);
+        else if (pi > 0.0 || pj > 0.0)
+          c = dpacc_[i] + c_vu;
+        else
+          c = dpacc_[i] + c_uu;
+        if (c <= best) {
+          best = c;
+          bi = i;
+        }
+      }
+      newacc[j] = best + local;
+      ringb_[slot * kNC + j] = bi;
+    }
+    int jbest = 0;
+    for (int j = 0; j < kNC; ++j)
+      if (newacc[j] <= newacc[jbest]) jbest = j;
+    const double base = newacc[jbest];
+    for (int j = 0; j < kNC; ++j) {
+      dpacc_[j] = newacc[j] - base;
+      ringp_[slot * kNC + j] = dp_p[j];
+    }
+    prev_e_ = en;
+    t_ = t + 1;
+    if (t < lag_) return -1.0;
+    int s = jbest;
+    for (int d = 0; d < lag_; ++d) s = ringb_[((t - d) % ring) * kNC + s];
+    return ringp_[((t - lag_) % ring) * kNC + s];
+  }
+
+  std::vector<std::int64_t> ip_;
+  std::vector<double> fp_, sos_, hann_, kais_;
+  int nfft_, h8_, b8_, sw4_, nbq_, lag_, shc_len_;
+  std::vector<double> twc_, tws_;
+  std::vector<int> brev_;
+  std::vector<double> zst_;
+  std::vector<double> buf_[2];
+  std::vector<double> re_, im_, mag_a_, mag_b_, shc_, cs_, phi_;
+  std::vector<double> ringp_;
+  std::vector<int> ringb_;
+  double spv_p_[kSpecCands], spv_a_[kSpecCands], dpacc_[kNC];
+  int fill_, phase_;
+  std::int64_t t_;
+  bool spec_prev_;
+  double spec_avg_, h0_, h1_, h2_, held_, meanp_, nspec_, np_, meane_, ne_, prev_e_;
+};
+
+}  // namespace rtanon

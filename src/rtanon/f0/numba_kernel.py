@@ -1,0 +1,589 @@
+"""The F0 tracker kernel in Numba (the fallback when ``rtanon._core`` is absent).
+
+Same algorithm, same operation order and same constants as the C++ kernel in
+``csrc/f0_tracker.hpp`` (the parity test holds them together). All state lives
+in NumPy arrays owned by :class:`NumbaF0Kernel`; the ``@njit(cache=True)``
+functions below only read and write them, so a kernel instance is one stream.
+
+Per 16 kHz input sample: the signal and its square are band-passed
+(50-1500 Hz, IIR) and decimated to 8 kHz. Per 10 ms frame (window centred on
+the frame): one 512-point FFT at 4 kHz carries both signals (the filtered one
+with a Hann window in the real part, the squared one with a Kaiser window in
+the imaginary part); the low-band energy ratio (NLFER) comes from the first,
+the spectral harmonics correlation (SHC) from the second. The SHC peaks feed
+an online Viterbi (YAAPT's ``dynamic5``) that gives the spectral F0 track;
+NCCF candidates of both signals are searched around it at 8 kHz, refined as in
+YAAPT's ``refine``, and a fixed-lag Viterbi over 6 candidates per frame
+(4 NCCF, spectral, unvoiced) makes the final decision.
+
+First call compiles (a few seconds); ``cache=True`` stores the machine code
+beside this file (``__pycache__``) so later processes load it in well under a
+second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from rtanon.f0.config import (
+    F_BOOST, F_DELTA4, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_K1, F_NCCF_T1, F_NCCF_T2, F_NLFER1,
+    F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2, F_W1, F_W2, F_W3, F_W4, HOP_SAMPLES,
+    I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ, I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX,
+    I_PK_MIN, I_SHC_HALF, I_SHC_MAX, I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E, I_TAU_P, N_CANDIDATES, Derived,
+)
+
+# Scalar state slots (float64), shared layout with the C++ kernel.
+S_MEANE, S_NE, S_SPEC_AVG, _S_FREE, S_NSPEC, S_H0, S_H1, S_H2, S_PREV_E, S_MEANP, S_NP, S_HELD = range(12)
+N_SCALARS = 12
+# Integer state slots.
+V_FILL, V_PHASE, V_T, V_SPEC_PREV = range(4)
+N_IVARS = 4
+_NC = N_CANDIDATES
+_NCCF_CENTER = 2  # YAAPT nccf_pwidth = 5
+_NCCF_PER_SIGNAL = 3
+_SPEC_CANDS = 4
+
+
+@njit(cache=True)
+def _fft(re, im, twc, tws, n):
+    """In-place radix-2 FFT, decimation in frequency, exp(-2πi kn/N); the
+    output is in bit-reversed order (bin k at index brev[k]). The twiddle is
+    the outer loop, so each is loaded once per stage."""
+    size = n
+    while size >= 2:
+        half = size // 2
+        step = n // size
+        for start in range(0, n, size):  # k = 0: the twiddle is 1
+            m = start + half
+            ur = re[start]
+            ui = im[start]
+            vr = re[m]
+            vi = im[m]
+            re[start] = ur + vr
+            im[start] = ui + vi
+            re[m] = ur - vr
+            im[m] = ui - vi
+        for k in range(1, half):
+            wr = twc[k * step]
+            wi = tws[k * step]
+            for start in range(0, n, size):
+                j = start + k
+                m = j + half
+                ur = re[j]
+                ui = im[j]
+                vr = re[m]
+                vi = im[m]
+                re[j] = ur + vr
+                im[j] = ui + vi
+                dr = ur - vr
+                di = ui - vi
+                re[m] = dr * wr - di * wi
+                im[m] = dr * wi + di * wr
+        size //= 2
+
+
+@njit(cache=True)
+def _running_mean(mean, count, value, tau):
+    """Mean of all values so far until ``tau`` of them were seen, then an
+    exponential average with time constant ``tau`` values."""
+    count += 1.0
+    n_eff = count if count < tau else tau
+    return mean + (value - mean) / n_eff, count
+
+
+@njit(cache=True)
+def _spectral_peaks(ip, fp, shc, out_p, out_m):
+    """YAAPT ``peaks``: up to 4 SHC peaks (Hz, merit); returns how many."""
+    pk_min = ip[I_PK_MIN]
+    pk_max = ip[I_PK_MAX]
+    center = ip[I_PK_CENTER]
+    delta = fp[F_DELTA4]
+    maxd = 0.0
+    for n in range(pk_min, pk_max + 1):
+        if shc[n] > maxd:
+            maxd = shc[n]
+    scale = 1.0 / maxd if maxd > 1e-14 else 1.0
+    s = 0.0
+    for n in range(pk_min, pk_max + 1):
+        s += shc[n] * scale
+    avg = s / (pk_max - pk_min + 1)
+    if avg > 1.0 / fp[F_SHC_T1] or avg <= 0.0:
+        return 0
+    num = 0
+    bestm = 0.0
+    for n in range(pk_min + center + 1, pk_max - center + 1):
+        v = shc[n] * scale
+        if v > shc[n - 1] * scale and v > shc[n + 1] * scale and v > fp[F_SHC_T2] * avg:
+            ok = True
+            for q in range(n - center, n + center + 1):
+                w = shc[q] * scale
+                if (q < n and w >= v) or (q > n and w > v):
+                    ok = False
+                    break
+            if ok:
+                # keep the best _SPEC_CANDS by insertion (descending merit, stable)
+                pos = num if num < _SPEC_CANDS else _SPEC_CANDS
+                while pos > 0 and out_m[pos - 1] < v:
+                    if pos < _SPEC_CANDS:
+                        out_m[pos] = out_m[pos - 1]
+                        out_p[pos] = out_p[pos - 1]
+                    pos -= 1
+                if pos < _SPEC_CANDS:
+                    out_m[pos] = v
+                    out_p[pos] = n * delta
+                num += 1
+                if v > bestm:
+                    bestm = v
+    if num == 0 or bestm / avg < fp[F_SHC_T1]:
+        return 0
+    if num > _SPEC_CANDS:
+        num = _SPEC_CANDS
+    for q in range(num, _SPEC_CANDS):
+        out_p[q] = out_p[0]
+        out_m[q] = out_m[0]
+    return num
+
+
+@njit(cache=True)
+def _nccf_candidates(fp, buf, row, off, w8, cs, phi, nccf_n, lag_max_g, lag_lo, lag_hi, out_p, out_m, k0):
+    """NCCF of one 8 kHz window (``buf[row]``) for lags lag_lo..lag_hi, centred
+    on the window centre for every lag; YAAPT ``cmp_rate`` peak picking with
+    parabolic refinement. The window is ``buf[row, off:off + w8]``. Writes up
+    to 3 (Hz, merit) at out[k0:]; returns count."""
+    cs[0] = 0.0
+    for i in range(w8):
+        v = buf[row, off + i]
+        cs[i + 1] = cs[i] + v * v
+    maxphi = 0.0
+    for lag in range(lag_lo, lag_hi + 1):
+        s0 = (lag_max_g - lag) // 2
+        # four partial sums (breaks the add latency chain; the C++ kernel sums alike)
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        ia = off + s0
+        ib = off + s0 + lag
+        n4 = nccf_n - nccf_n % 4
+        for i in range(0, n4, 4):
+            a0 += buf[row, ia + i] * buf[row, ib + i]
+            a1 += buf[row, ia + i + 1] * buf[row, ib + i + 1]
+            a2 += buf[row, ia + i + 2] * buf[row, ib + i + 2]
+            a3 += buf[row, ia + i + 3] * buf[row, ib + i + 3]
+        for i in range(n4, nccf_n):
+            a0 += buf[row, ia + i] * buf[row, ib + i]
+        acc = (a0 + a1) + (a2 + a3)
+        ex = cs[s0 + nccf_n] - cs[s0]
+        ey = cs[s0 + lag + nccf_n] - cs[s0 + lag]
+        den = ex * ey
+        v = acc / np.sqrt(den) if den > 1e-30 else 0.0
+        phi[lag] = v
+        if v > maxphi:
+            maxphi = v
+    c = _NCCF_CENTER
+    t1 = fp[F_NCCF_T1]
+    num = 0
+    best_n = -1
+    best_v = -1.0
+    for n in range(lag_lo + c, lag_hi - c + 1):
+        v = phi[n]
+        if v > phi[n - 1] and v > phi[n + 1] and v > t1:
+            if v > best_v:
+                best_v = v
+                best_n = n
+    if best_n < 0:
+        return 0
+    single = maxphi > fp[F_NCCF_T2]
+    for n in range(lag_lo + c, lag_hi - c + 1):
+        v = phi[n]
+        if not (v > phi[n - 1] and v > phi[n + 1] and v > t1):
+            continue
+        if single and n != best_n:
+            continue
+        if not single:
+            ok = True
+            for q in range(n - c, n + c + 1):
+                if (q < n and phi[q] >= v) or (q > n and phi[q] > v):
+                    ok = False
+                    break
+            if not ok:
+                continue
+        a = phi[n - 1]
+        b = phi[n + 1]
+        den = a - 2.0 * v + b
+        d = 0.5 * (a - b) / den if den < 0.0 else 0.0
+        pitch = 8000.0 / (n + d)
+        pos = num if num < _NCCF_PER_SIGNAL else _NCCF_PER_SIGNAL
+        while pos > 0 and out_m[k0 + pos - 1] < v:
+            if pos < _NCCF_PER_SIGNAL:
+                out_m[k0 + pos] = out_m[k0 + pos - 1]
+                out_p[k0 + pos] = out_p[k0 + pos - 1]
+            pos -= 1
+        if pos < _NCCF_PER_SIGNAL:
+            out_m[k0 + pos] = v
+            out_p[k0 + pos] = pitch
+        num += 1
+    return num if num < _NCCF_PER_SIGNAL else _NCCF_PER_SIGNAL
+
+
+@njit(cache=True)
+def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc, ringp, ringb, work):
+    """Analyses the frame whose window is ``buf8`` and returns the decided F0 (Hz,
+    0 = unvoiced) of frame t - lag, or -1.0 while t < lag."""
+    nfft = ip[I_NFFT]
+    h8 = ip[I_H8]
+    w4 = h8
+    nh = nfft // 2
+    # work layout
+    re = work[0:nfft]
+    im = work[nfft:2 * nfft]
+    mag_a = work[2 * nfft:2 * nfft + nh + 1]
+    mag_b = work[2 * nfft + nh + 1:2 * nfft + 2 * nh + 2]
+    o = 2 * nfft + 2 * nh + 2
+    shc_len = max(ip[I_SHC_MAX], ip[I_PK_MAX] + ip[I_PK_CENTER]) + 2
+    shc = work[o:o + shc_len]
+    o += shc_len
+    cs = work[o:o + ip[I_B8] + 1]
+    o += ip[I_B8] + 1
+    phi = work[o:o + ip[I_LAG_MAX] + 2]
+    o += ip[I_LAG_MAX] + 2
+    cp = work[o:o + 2 * _NCCF_PER_SIGNAL]
+    o += 2 * _NCCF_PER_SIGNAL
+    cm = work[o:o + 2 * _NCCF_PER_SIGNAL]
+    o += 2 * _NCCF_PER_SIGNAL
+    sp = work[o:o + _SPEC_CANDS]
+    o += _SPEC_CANDS
+    sm = work[o:o + _SPEC_CANDS]
+    o += _SPEC_CANDS
+    dp_p = work[o:o + _NC]
+    o += _NC
+    dp_m = work[o:o + _NC]
+    o += _NC
+    newacc = work[o:o + _NC]
+
+    # --- spectrum at 4 kHz: filtered signal (Hann, analysis window) + j * squared signal
+    # (Kaiser, spectral window ending with the analysis window, mean removed)
+    b8 = ip[I_B8]
+    sw4 = ip[I_SW4]
+    off_a = b8 - 2 * h8
+    off_b = b8 - 2 * sw4
+    for i in range(nfft):
+        re[i] = 0.0
+        im[i] = 0.0
+    for i in range(w4):
+        re[i] = buf8[0, off_a + 2 * i] * hann[i]
+    mean_b = 0.0
+    for i in range(sw4):
+        im[i] = buf8[1, off_b + 2 * i] * kais[i]
+        mean_b += im[i]
+    mean_b /= sw4
+    for i in range(sw4):
+        im[i] -= mean_b
+    _fft(re, im, twc, tws, nfft)
+    # |A| only where the energy band needs it; |B| on every bin (the SHC reads up to Nyquist)
+    for k in range(nh + 1):
+        p = brev[k]
+        q = brev[(nfft - k) % nfft]
+        if ip[I_KB0] <= k < ip[I_KB1]:
+            ar = re[p] + re[q]
+            ai = im[p] - im[q]
+            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
+        br = re[p] - re[q]
+        bi = im[p] + im[q]
+        mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
+
+    # --- NLFER: low-band energy over its running mean
+    e = 0.0
+    for k in range(ip[I_KB0], ip[I_KB1]):
+        e += mag_a[k]
+    sc[S_MEANE], sc[S_NE] = _running_mean(sc[S_MEANE], sc[S_NE], e, float(ip[I_TAU_E]))
+    norm = sc[S_MEANE] if sc[S_MEANE] > fp[F_E_FLOOR] else fp[F_E_FLOOR]
+    en = e / norm
+    t = iv[V_T]
+    prev_e = sc[S_PREV_E] if t > 0 else en
+
+    # --- spectral track: SHC peaks, online Viterbi, held through unvoiced frames, 3-tap mean
+    avg = sc[S_SPEC_AVG]
+    std = fp[F_SEARCH_STD] * avg
+    nspec = 0
+    if en > fp[F_NLFER1]:
+        for f in range(shc_len):
+            shc[f] = 0.0
+        half = ip[I_SHC_HALF]
+        for f in range(ip[I_SHC_MIN], ip[I_SHC_MAX] + 1):
+            s = 0.0
+            for w in range(-half, half + 1):
+                prod = 1.0
+                for r in range(1, ip[I_SHC_NH] + 1):
+                    idx = r * f + w
+                    prod *= mag_b[idx] if 0 <= idx <= nh else 0.0
+                s += prod
+            shc[f] = s
+        nspec = _spectral_peaks(ip, fp, shc, sp, sm)
+    if nspec > 0:
+        k1w = fp[F_K1] * std / avg
+        f0min = fp[F_F0MIN]
+        for j in range(_SPEC_CANDS):
+            local = 1.0 - sm[j]
+            if iv[V_SPEC_PREV] == 0:
+                newacc[j] = local
+            else:
+                best = 1e300
+                for i in range(_SPEC_CANDS):
+                    d = abs(spv[0, i] - sp[j]) / f0min
+                    c = spv[1, i] + k1w * (0.05 * d + d * d)
+                    if c < best:
+                        best = c
+                newacc[j] = best + local
+        jbest = 0
+        for j in range(_SPEC_CANDS):
+            if newacc[j] <= newacc[jbest]:
+                jbest = j
+        base = newacc[jbest]
+        for j in range(_SPEC_CANDS):
+            spv[0, j] = sp[j]
+            spv[1, j] = newacc[j] - base
+        iv[V_SPEC_PREV] = 1
+        raw = sp[jbest]
+        sc[S_SPEC_AVG], sc[S_NSPEC] = _running_mean(sc[S_SPEC_AVG], sc[S_NSPEC], raw, float(ip[I_TAU_P]))
+        sc[S_HELD] = raw
+    sc[S_H0] = sc[S_H1]
+    sc[S_H1] = sc[S_H2]
+    sc[S_H2] = sc[S_HELD]
+    spec = (sc[S_H0] + sc[S_H1] + sc[S_H2]) / 3.0
+
+    # --- NCCF candidates of both signals around the spectral track
+    f0min = fp[F_F0MIN]
+    f0max = fp[F_F0MAX]
+    lo_hz = spec - 2.0 * std
+    if lo_hz < f0min:
+        lo_hz = f0min
+    hi_hz = spec + 2.0 * std
+    if hi_hz > f0max:
+        hi_hz = f0max
+    if lo_hz >= hi_hz:
+        lo_hz = 0.5 * hi_hz
+    lag_lo = int(np.floor(8000.0 / hi_hz)) - _NCCF_CENTER
+    lag_hi = int(np.floor(8000.0 / lo_hz)) + _NCCF_CENTER
+    if lag_lo < ip[I_LAG_MIN]:
+        lag_lo = ip[I_LAG_MIN]
+    if lag_hi > ip[I_LAG_MAX] - 1:
+        lag_hi = ip[I_LAG_MAX] - 1
+    for q in range(2 * _NCCF_PER_SIGNAL):
+        cp[q] = 0.0
+        cm[q] = 0.0
+    # (definitely unvoiced frames, en <= nlfer_thresh2, discard the NCCF: skip it)
+    if lag_hi - lag_lo >= 2 * _NCCF_CENTER + 1 and en > fp[F_NLFER2]:
+        for q in range(ip[I_LAG_MAX] + 2):
+            phi[q] = 0.0
+        _nccf_candidates(fp, buf8, 0, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm, 0)
+        for q in range(ip[I_LAG_MAX] + 2):
+            phi[q] = 0.0
+        _nccf_candidates(fp, buf8, 1, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm,
+                         _NCCF_PER_SIGNAL)
+    # merit: boosted near the spectral track, zero beyond 5 std
+    fth = 5.0 * std
+    for q in range(2 * _NCCF_PER_SIGNAL):
+        diff = abs(cp[q] - spec)
+        cm[q] = (1.0 + fp[F_BOOST]) * cm[q] * (1.0 - diff / fth) if diff < fth else 0.0
+    # stable sort of the 6 by merit, descending
+    for q in range(1, 2 * _NCCF_PER_SIGNAL):
+        mq = cm[q]
+        pq = cp[q]
+        r = q
+        while r > 0 and cm[r - 1] < mq:
+            cm[r] = cm[r - 1]
+            cp[r] = cp[r - 1]
+            r -= 1
+        cm[r] = mq
+        cp[r] = pq
+
+    # --- refine (YAAPT): rows 0-2 NCCF, 3 spectral, 4 best NCCF of a voiced frame, 5 unvoiced
+    for q in range(3):
+        dp_p[q] = cp[q]
+        dp_m[q] = cm[q]
+    dp_p[3] = 0.0
+    dp_m[3] = 0.0
+    dp_p[4] = 0.0
+    dp_m[4] = 0.0
+    dp_p[5] = 0.0
+    dp_m[5] = 0.0
+    if en <= fp[F_NLFER2]:
+        for q in range(_NC):
+            dp_p[q] = 0.0
+            dp_m[q] = fp[F_PIVOT]
+    elif dp_p[0] > 0.0:
+        dp_m[5] = 1.0 - dp_m[0]
+        for q in range(1, 3):
+            if dp_p[q] == 0.0:
+                dp_m[q] = 0.0
+    else:
+        # no NCCF peak: YAAPT offers the spectral track with merit min(1, en / 2); here only when
+        # this frame itself has spectral harmonic peaks (white noise would be voiced otherwise)
+        dp_p[0] = spec
+        dp_m[0] = (en / 2.0 if en < 2.0 else 1.0) if nspec > 0 else 0.0
+        for q in range(1, _NC):
+            dp_p[q] = 0.0
+            dp_m[q] = 1.0 - dp_m[0]
+    if en > fp[F_NLFER1] and cp[0] > 0.0:
+        dp_p[4] = cp[0]
+        dp_m[4] = dp_m[0]
+    else:
+        dp_p[4] = 0.0
+        dp_m[4] = 1.0 - (en / 2.0 if en < 2.0 else 1.0)
+    dp_p[3] = spec
+    dp_m[3] = en / 5.0
+    if en > fp[F_NLFER1] and cp[0] > 0.0 and cm[0] > 0.0:
+        sc[S_MEANP], sc[S_NP] = _running_mean(sc[S_MEANP], sc[S_NP], cp[0], float(ip[I_TAU_P]))
+
+    # --- fixed-lag Viterbi over the candidates
+    lag = ip[I_LAG]
+    ring = lag + 1
+    slot = t % ring
+    pslot = (t - 1) % ring
+    w4c = fp[F_W4]
+    benefit = abs(en - prev_e)
+    if benefit > 1.0:
+        benefit = 1.0
+    c_vu = fp[F_W2] * (1.0 - benefit) / w4c
+    c_uu = fp[F_W3] / w4c
+    c_vv = fp[F_W1] / sc[S_MEANP] / w4c
+    for j in range(_NC):
+        local = 1.0 - dp_m[j]
+        if t == 0:
+            newacc[j] = local
+            ringb[slot, j] = j
+            continue
+        pj = dp_p[j]
+        best = 1e300
+        bi = 0
+        for i in range(_NC):
+            pi = ringp[pslot, i]
+            if pi > 0.0 and pj > 0.0:
+                c = dpacc[i] + c_vv * abs(pi - pj)
+            elif pi > 0.0 or pj > 0.0:
+                c = dpacc[i] + c_vu
+            else:
+                c = dpacc[i] + c_uu
+            if c <= best:
+                best = c
+                bi = i
+        newacc[j] = best + local
+        ringb[slot, j] = bi
+    jbest = 0
+    for j in range(_NC):
+        if newacc[j] <= newacc[jbest]:
+            jbest = j
+    base = newacc[jbest]
+    for j in range(_NC):
+        dpacc[j] = newacc[j] - base
+        ringp[slot, j] = dp_p[j]
+    sc[S_PREV_E] = en
+    iv[V_T] = t + 1
+    if t < lag:
+        return -1.0
+    s = jbest
+    for d in range(lag):
+        s = ringb[(t - d) % ring, s]
+    return ringp[(t - lag) % ring, s]
+
+
+@njit(cache=True)
+def run_hops(ip, fp, sos, hann, kais, twc, tws, brev, zst, buf8, sc, iv, spv, dpacc, ringp, ringb, work,
+             x, out):
+    """Feeds ``x`` (float32, 16 kHz, a multiple of 160 samples) and writes one
+    value per 10 ms hop into ``out``: the F0 (Hz, 0 = unvoiced) of the frame
+    finalized by that hop, 0 for the frames before the stream began."""
+    nbq = ip[I_NBQ]
+    w8 = ip[I_B8]
+    hop8 = HOP_SAMPLES // 2
+    nhops = x.shape[0] // HOP_SAMPLES
+    for h in range(nhops):
+        for i in range(h * HOP_SAMPLES, (h + 1) * HOP_SAMPLES):
+            a = float(x[i])
+            b = a * a
+            for s in range(nbq):
+                y = sos[s, 0] * a + zst[0, s, 0]
+                zst[0, s, 0] = sos[s, 1] * a - sos[s, 4] * y + zst[0, s, 1]
+                zst[0, s, 1] = sos[s, 2] * a - sos[s, 5] * y
+                a = y
+                y = sos[s, 0] * b + zst[1, s, 0]
+                zst[1, s, 0] = sos[s, 1] * b - sos[s, 4] * y + zst[1, s, 1]
+                zst[1, s, 1] = sos[s, 2] * b - sos[s, 5] * y
+                b = y
+            if iv[V_PHASE] == 0:
+                buf8[0, iv[V_FILL]] = a
+                buf8[1, iv[V_FILL]] = b
+                iv[V_FILL] += 1
+            iv[V_PHASE] = 1 - iv[V_PHASE]
+        val = 0.0
+        if iv[V_FILL] == w8:
+            r = _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc, ringp, ringb,
+                               work)
+            if r > 0.0:
+                val = r
+            for i in range(w8 - hop8):
+                buf8[0, i] = buf8[0, i + hop8]
+                buf8[1, i] = buf8[1, i + hop8]
+            iv[V_FILL] = w8 - hop8
+        out[h] = val
+    return nhops
+
+
+def work_size(ip: np.ndarray) -> int:
+    nfft = int(ip[I_NFFT])
+    shc_len = max(int(ip[I_SHC_MAX]), int(ip[I_PK_MAX] + ip[I_PK_CENTER])) + 2
+    return (2 * nfft + 2 * (nfft // 2 + 1) + shc_len + int(ip[I_B8]) + 1 + int(ip[I_LAG_MAX]) + 2
+            + 4 * _NCCF_PER_SIGNAL + 2 * _SPEC_CANDS + 3 * _NC)
+
+
+def fft_tables(nfft: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Twiddles (cos, -sin of 2πk/N, k < N/2) and the bit-reversal permutation."""
+    k = np.arange(nfft // 2)
+    bits = int(np.log2(nfft))
+    brev = np.array([int(format(i, f"0{bits}b")[::-1], 2) for i in range(nfft)], np.int64)
+    return np.cos(2 * np.pi * k / nfft), -np.sin(2 * np.pi * k / nfft), brev
+
+
+class NumbaF0Kernel:
+    """One stream of the Numba kernel. ``process(x)``: float32 16 kHz, a multiple
+    of 160 samples -> float64 F0 per 10 ms hop (see ``run_hops``)."""
+
+    def __init__(self, derived: Derived) -> None:
+        self._d = derived
+        ip = derived.iparams
+        self._twc, self._tws, self._brev = fft_tables(int(ip[I_NFFT]))
+        n_bq = int(ip[I_NBQ])
+        lag = int(ip[I_LAG])
+        self._zst = np.zeros((2, n_bq, 2))
+        self._buf8 = np.zeros((2, int(ip[I_B8])))
+        self._sc = np.zeros(N_SCALARS)
+        self._iv = np.zeros(N_IVARS, np.int64)
+        self._spv = np.zeros((2, _SPEC_CANDS))
+        self._dpacc = np.zeros(_NC)
+        self._ringp = np.zeros((lag + 1, _NC))
+        self._ringb = np.zeros((lag + 1, _NC), np.int64)
+        self._work = np.zeros(work_size(ip))
+        self.reset()
+
+    def reset(self) -> None:
+        fp, ip = self._d.fparams, self._d.iparams
+        for a in (self._zst, self._buf8, self._sc, self._iv, self._spv, self._dpacc, self._ringp,
+                  self._ringb, self._work):
+            a.fill(0)
+        self._iv[V_FILL] = ip[I_B8] - ip[I_H8]
+        prior = fp[F_PRIOR_F0]
+        self._sc[S_SPEC_AVG] = prior
+        self._sc[S_H0] = self._sc[S_H1] = self._sc[S_H2] = self._sc[S_HELD] = prior
+        self._sc[S_MEANP] = prior
+        self._sc[S_NSPEC] = fp[F_PRIOR_N]
+        self._sc[S_NP] = fp[F_PRIOR_N]
+        self._sc[S_MEANE] = fp[F_E_PRIOR]
+        self._sc[S_NE] = fp[F_E_PRIOR_N]
+
+    def process_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        d = self._d
+        run_hops(d.iparams, d.fparams, d.sos, d.hann4, d.kaiser4, self._twc, self._tws, self._brev,
+                 self._zst, self._buf8, self._sc, self._iv, self._spv, self._dpacc, self._ringp, self._ringb,
+                 self._work, x, out)
