@@ -87,10 +87,17 @@ def _mcadams_stage(config: AnonymizerConfig):
     return McAdamsStage(config.mcadams, config.stream.chunk_samples, alpha=0.8)
 
 
+def _f0_stage(config: AnonymizerConfig):
+    from rtanon.f0.tracker import F0Tracker
+
+    return F0Tracker(hop=config.stream.chunk_samples)
+
+
 #: Stages that ``rtanon bench --stage NAME`` can time alone: name -> factory(config).
 BENCH_STAGES: dict[str, Callable[[AnonymizerConfig], object]] = {
     "vad": _vad_stage,
     "mcadams": _mcadams_stage,
+    "f0": _f0_stage,
 }
 
 
