@@ -166,6 +166,7 @@ def test_nsf_phase_is_continuous_across_chunks(model):
 @pytest.fixture(scope="module")
 def onnx_path(model, tmp_path_factory):
     pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")  # torch.onnx.export needs it
     return export_onnx(model, tmp_path_factory.mktemp("voc") / "vocoder.onnx")
 
 
@@ -276,3 +277,13 @@ def test_vocoder_stream_hides_state_and_matches_offline(model, onnx_path):
     assert again.shape == (640,)
     with pytest.raises(ValueError, match="f0_hz"):
         stream.process(units[0, :2], f0[0, :3])
+
+
+def test_bench_prints_figures(capsys):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from rtanon.neural.bench_vocoder import main
+
+    main(["--iters", "3", "--config", '{"initial_channels": 16, "units_dim": 8, "speaker_dim": 4}'])
+    out = capsys.readouterr().out
+    assert "p99" in out and "load reference" in out and "16" in out

@@ -78,8 +78,9 @@ class VocoderConfig:
     The defaults use HiFi-GAN V3's residual blocks (type 2, kernels 3/5/7,
     dilations (1,2)/(2,6)/(3,12)) with 256 initial channels: about 1.3 M
     parameters (5 MiB fp32), chosen because the V1/V2 blocks (type 1,
-    3/7/11 x (1,3,5)) at 192 channels took about 4x as long per 20 ms step
-    with ONNX Runtime on the 2-core development machine (see
+    3/7/11 x (1,3,5)) at 192 channels took about 1.7x as long per 20 ms step
+    (minimum over calls) with ONNX Runtime on the 2-core development machine
+    and three times as many graph nodes, which dominates under load (see
     ``models/neural/README.md`` for the measurements)."""
 
     units_dim: int = 128
