@@ -284,6 +284,6 @@ def test_bench_prints_figures(capsys):
     pytest.importorskip("onnxruntime")
     from rtanon.neural.bench_vocoder import main
 
-    main(["--iters", "3", "--config", '{"initial_channels": 16, "units_dim": 8, "speaker_dim": 4}'])
+    main(["--iters", "3", "--reference-reps", "1", "--config", '{"initial_channels": 16, "units_dim": 8, "speaker_dim": 4}'])
     out = capsys.readouterr().out
     assert "p99" in out and "load reference" in out and "16" in out

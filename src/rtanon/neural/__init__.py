@@ -1,7 +1,7 @@
 """Neural voice conversion: a causal NSF-HiFi-GAN vocoder and what trains and runs it.
 
-Map of the subpackage (every module imports torch lazily or only when used;
-nothing here is imported by the CPU live path yet):
+Map of the subpackage (needs the ``[neural]`` extra: torch, onnx, onnxruntime;
+nothing here is imported by the engine or the CPU live path yet):
 
 - :mod:`rtanon.neural.vocoder`: ``VocoderConfig`` and ``CausalNsfHifiGan``,
   the causal generator with explicit streaming state (``init_state``,
@@ -16,6 +16,8 @@ nothing here is imported by the CPU live path yet):
   discriminators.
 - :mod:`rtanon.neural.train`: compact feature shards, the dataset reading
   them, and the resumable training loop.
+- :mod:`rtanon.neural.bench_vocoder`: ONNX Runtime CPU timing of the
+  streaming step (``python -m rtanon.neural.bench_vocoder``).
 
 Not trained yet: see ``models/neural/README.md``.
 """

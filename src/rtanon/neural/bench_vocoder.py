@@ -49,7 +49,8 @@ def _config(config_json: str):
     return kw, VocoderConfig(**kw)
 
 
-def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads: int = 1) -> list[dict]:
+def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads: int = 1,
+        reference_reps: int = 30) -> list[dict]:
     import torch
 
     from rtanon.neural.backends import make_backend
@@ -70,14 +71,15 @@ def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads
                           "onnx_mb": path.stat().st_size / 2**20, "backend": backend, "units": units, "spk": spk,
                           "state": backend.init_state(1), "times": []})
         f0 = np.full((1, 2 * frames), 140.0, np.float32)
-        for it in range(iters + 30):
+        warmup = min(30, iters)
+        for it in range(iters + warmup):
             for item in items:
                 noise = rng.standard_normal((1, HOP_SAMPLES * frames), dtype=np.float32)
                 t = time.perf_counter()
                 _, item["state"] = item["backend"].step(item["units"], f0, item["spk"], noise, item["state"])
-                if it >= 30:
+                if it >= warmup:
                     item["times"].append(time.perf_counter() - t)
-    ref = _reference_ms()
+    ref = _reference_ms(reference_reps)
     chunk_ms = 20.0 * frames
     out = []
     for item in items:
@@ -97,9 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frames", type=int, default=1, help="50 Hz frames per call (1 = 20 ms chunk)")
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    ap.add_argument("--reference-reps", type=int, default=30, help="repeats of the load reference")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    results = run(a.config or ["{}"], a.frames, a.iters, a.threads)
+    results = run(a.config or ["{}"], a.frames, a.iters, a.threads, a.reference_reps)
     if a.json:
         print(json.dumps(results))
         return
