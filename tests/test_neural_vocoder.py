@@ -7,6 +7,11 @@ backend; torch against ONNX Runtime: 1e-4 (different kernels)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -287,3 +292,17 @@ def test_bench_prints_figures(capsys):
     main(["--iters", "3", "--reference-reps", "1", "--config", '{"initial_channels": 16, "units_dim": 8, "speaker_dim": 4}'])
     out = capsys.readouterr().out
     assert "p99" in out and "load reference" in out and "16" in out
+
+
+def test_onnxruntime_path_does_not_import_torch(onnx_path):
+    """The CPU live path must not need torch: the backends module and an ORT backend run without it."""
+    code = ("import sys, numpy as np\n"
+            "from rtanon.neural.backends import make_backend\n"
+            f"b = make_backend('onnxruntime', onnx_path={str(onnx_path)!r})\n"
+            "s = b.init_state(1)\n"
+            f"a, s = b.step(np.zeros((1, 1, {SMALL.units_dim}), np.float32), np.full((1, 2), 150, np.float32), "
+            f"np.zeros((1, {SMALL.speaker_dim}), np.float32), np.zeros((1, 320), np.float32), s)\n"
+            "assert a.shape == (1, 320) and 'torch' not in sys.modules, sorted(sys.modules)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -5,6 +5,8 @@
 - ``"onnxruntime"``: the exported ONNX graph (:func:`rtanon.neural.vocoder.export_onnx`)
   with ONNX Runtime; CPU by default, the CUDA execution provider when
   ``device`` is ``"cuda"`` or ``"auto"`` and ``onnxruntime-gpu`` provides it.
+  Running it needs only onnxruntime and numpy: this module does not import
+  torch (the torch and tensorrt factories do).
 - ``"torch"``: the PyTorch model on CPU or CUDA; on CUDA the streaming step
   is captured once per (batch, frames) shape as a CUDA graph and replayed.
 - ``"tensorrt"``: an fp16 TensorRT engine built from the ONNX graph on first
@@ -36,7 +38,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from rtanon.neural.vocoder import HOP_SAMPLES
+from rtanon.neural.rates import HOP_SAMPLES
 
 
 class BackendUnavailable(RuntimeError):

@@ -63,9 +63,9 @@ from typing import Callable, Protocol
 import numpy as np
 
 from rtanon.config import SAMPLE_RATE_HZ, ConfigError
+from rtanon.neural.rates import F0_RATE_HZ, FRAME_RATE_HZ, HOP_SAMPLES
 
 SHARD_FORMAT = "rtanon-vocoder-shards-v1"
-HOP_SAMPLES = 320  # 16 kHz audio per 50 Hz frame (rtanon.neural.vocoder.HOP_SAMPLES, without importing torch)
 
 
 # ---- shards -----------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class ShardWriter:
             raise ValueError(f"speaker_embeddings must be ({len(speaker_ids)}, S), got {emb.shape}")
         np.savez(self.out_dir / "speakers.npz", embeddings=emb, ids=np.asarray(speaker_ids))
         manifest = {"format": SHARD_FORMAT, "units_dim": self.units_dim, "speaker_dim": int(emb.shape[1]),
-                    "sample_rate_hz": SAMPLE_RATE_HZ, "frame_rate_hz": 50, "f0_rate_hz": 100,
+                    "sample_rate_hz": SAMPLE_RATE_HZ, "frame_rate_hz": FRAME_RATE_HZ, "f0_rate_hz": F0_RATE_HZ,
                     "speakers": list(speaker_ids), "shards": self._entries}
         path = self.out_dir / "manifest.json"
         path.write_text(json.dumps(manifest, indent=1))
@@ -192,7 +192,7 @@ class ShardDataset:
 
     @property
     def total_seconds(self) -> float:
-        return float(self.frames.sum()) / 50.0
+        return float(self.frames.sum()) / FRAME_RATE_HZ
 
     def batch(self, rng: np.random.Generator, batch_size: int, segment_frames: int) -> dict[str, np.ndarray]:
         k, s = self.units_dim, segment_frames

@@ -57,13 +57,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rtanon.config import SAMPLE_RATE_HZ, ConfigError
+from rtanon.neural.rates import F0_HOP_SAMPLES, FRAME_RATE_HZ, F0_RATE_HZ, HOP_SAMPLES  # noqa: F401
 
-#: Conditioning frame rate (content units) and F0 rate.
-FRAME_RATE_HZ = 50
-F0_RATE_HZ = 100
-#: Audio samples per 50 Hz frame and per 100 Hz F0 frame.
-HOP_SAMPLES = SAMPLE_RATE_HZ // FRAME_RATE_HZ
-F0_HOP_SAMPLES = SAMPLE_RATE_HZ // F0_RATE_HZ
 #: NSF phase resolution: phases are integers modulo 2**PHASE_BITS (cycles * 2**PHASE_BITS).
 PHASE_BITS = 24
 _PHASE_ONE = 1 << PHASE_BITS
