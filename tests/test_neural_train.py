@@ -87,6 +87,13 @@ def test_batches_are_aligned_and_seeded(shard_dir):
         assert (voiced == 120.0).all() if spk == 0 else (voiced >= 180.0).all()
 
 
+def test_config_needs_enough_loss_frames():
+    from rtanon.config import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 4 frames"):
+        TrainConfig(segment_frames=6, context_frames=4).validate()
+
+
 def test_blend_keeps_norm_and_moves_towards_another_speaker():
     table = np.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 2.0, 0]], np.float32)
     emb = table[[0, 0, 2]]
@@ -132,3 +139,17 @@ def test_training_smoke_and_exact_resume(shard_dir, tmp_path):
     torch.manual_seed(3)
     init = type(a)(a.config)
     assert any((p0 - p1).abs().max() > 0 for p0, p1 in zip(init.state_dict().values(), a.state_dict().values()))
+
+
+def test_command_line_trains_from_shards(shard_dir, tmp_path, capsys):
+    from rtanon.neural.train import main
+
+    main(["--shards", str(shard_dir), "--run", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2",
+          "--segment-frames", "8", "--context-frames", "2", "--log-every", "1", "--device", "cpu",
+          "--vocoder-config", '{"initial_channels": 16, "min_channels": 4}',
+          "--discriminator-config", '{"mpd_channels": [4, 4, 8, 8, 8], "msd_channels": [4, 8, 16, 16, 16, 16, 16], '
+          '"msd_scales": 1}'])
+    out = capsys.readouterr().out
+    assert "7 utterances" in out and "stopped at step 2" in out
+    model = load_generator(tmp_path / "run" / "generator.pt")
+    assert model.config.units_dim == K and model.config.speaker_dim == D

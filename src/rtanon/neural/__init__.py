@@ -15,7 +15,11 @@ nothing here is imported by the engine or the CPU live path yet):
 - :mod:`rtanon.neural.discriminators`: HiFi-GAN multi-period and multi-scale
   discriminators.
 - :mod:`rtanon.neural.train`: compact feature shards, the dataset reading
-  them, and the resumable training loop.
+  them, and the resumable training loop (``python -m rtanon.neural.train``).
+- :mod:`rtanon.neural.features`: ``build_shards`` from Kaldi-style
+  directories with pluggable extractors (content units, F0, speaker
+  embedding) and speed perturbation.
+- :mod:`rtanon.neural.rates`: the 50 Hz / 100 Hz / 16 kHz constants (no torch).
 - :mod:`rtanon.neural.bench_vocoder`: ONNX Runtime CPU timing of the
   streaming step (``python -m rtanon.neural.bench_vocoder``).
 

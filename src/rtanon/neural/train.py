@@ -290,6 +290,10 @@ class TrainConfig:
         if not 0 <= self.context_frames < self.segment_frames:
             raise ConfigError(f"context_frames={self.context_frames} must be in [0, segment_frames="
                               f"{self.segment_frames})")
+        if (self.segment_frames - self.context_frames) * HOP_SAMPLES <= 1024:
+            raise ConfigError(f"segment_frames - context_frames = {self.segment_frames - self.context_frames}; "
+                              "use at least 4 frames of loss (the 2048-point STFT of the MR-STFT loss needs more "
+                              "than 1024 samples)")
         if self.batch_size < 1 or self.steps < 1 or self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("batch_size, steps, checkpoint_every and log_every must be >= 1")
 
@@ -465,3 +469,57 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     finally:
         log.close()
     return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m rtanon.neural.train --shards DIR --run DIR [...]``: train or resume (see --help)."""
+    import argparse
+    from dataclasses import replace
+
+    from rtanon.neural.discriminators import DiscriminatorConfig
+    from rtanon.neural.vocoder import VocoderConfig
+
+    ap = argparse.ArgumentParser(prog="python -m rtanon.neural.train",
+                                 description="Train (or resume training of) the causal NSF-HiFi-GAN vocoder "
+                                             "on feature shards.")
+    ap.add_argument("--shards", required=True, help="shard directory (manifest.json, speakers.npz, shard_*.npz)")
+    ap.add_argument("--shard-files", help="comma-separated shard files to load (default: all present)")
+    ap.add_argument("--run", required=True, help="run directory (checkpoints, train.log)")
+    ap.add_argument("--steps", type=int, default=TrainConfig.steps, help="total steps of the run")
+    ap.add_argument("--max-steps", type=int, help="stop after this many more steps in this call")
+    ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
+    ap.add_argument("--segment-frames", type=int, default=TrainConfig.segment_frames)
+    ap.add_argument("--context-frames", type=int, default=TrainConfig.context_frames)
+    ap.add_argument("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every)
+    ap.add_argument("--log-every", type=int, default=TrainConfig.log_every)
+    ap.add_argument("--adversarial-start-step", type=int, default=TrainConfig.adversarial_start_step)
+    ap.add_argument("--vocoder-config", default="{}", help="VocoderConfig fields as JSON (units_dim and "
+                                                          "speaker_dim come from the shards)")
+    ap.add_argument("--discriminator-config", default="{}", help="DiscriminatorConfig fields as JSON")
+    ap.add_argument("--blend-prob", type=float, default=0.0, help="embedding-blending probability (0 = off)")
+    ap.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--seed", type=int, default=TrainConfig.seed)
+    a = ap.parse_args(argv)
+
+    def tuplify(v):
+        return tuple(tuplify(x) for x in v) if isinstance(v, list) else v
+
+    data = ShardDataset(a.shards, a.shard_files.split(",") if a.shard_files else None)
+    vkw = {k: tuplify(v) for k, v in json.loads(a.vocoder_config).items()}
+    vkw.update(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]))
+    dkw = {k: tuplify(v) for k, v in json.loads(a.discriminator_config).items()}
+    config = replace(TrainConfig(), vocoder=VocoderConfig(**vkw), discriminators=DiscriminatorConfig(**dkw),
+                     steps=a.steps, batch_size=a.batch_size, segment_frames=a.segment_frames,
+                     context_frames=a.context_frames,
+                     checkpoint_every=a.checkpoint_every, log_every=a.log_every,
+                     adversarial_start_step=a.adversarial_start_step, seed=a.seed)
+    print(f"{len(data)} utterances, {data.total_seconds / 3600:.2f} h from {len(data.shard_files)} shard(s); "
+          f"{data.embeddings.shape[0]} speakers", flush=True)
+    augment = BlendWithOtherSpeaker(prob=a.blend_prob) if a.blend_prob > 0 else None
+    last = train_vocoder(config, data, a.run, device=a.device, max_steps=a.max_steps, speaker_augment=augment,
+                         on_log=lambda r: print(json.dumps(r), flush=True))
+    print(f"stopped at step {last.get('step')}; generator: {Path(a.run) / 'generator.pt'}")
+
+
+if __name__ == "__main__":
+    main()
