@@ -1,0 +1,27 @@
+"""Neural voice conversion: a causal NSF-HiFi-GAN vocoder and what trains and runs it.
+
+Map of the subpackage (needs the ``[neural]`` extra: torch, onnx, onnxruntime;
+nothing here is imported by the engine or the CPU live path yet):
+
+- :mod:`rtanon.neural.vocoder`: ``VocoderConfig`` and ``CausalNsfHifiGan``,
+  the causal generator with explicit streaming state (``init_state``,
+  ``forward_stream``) and its offline ``forward``; ``export_onnx``.
+- :mod:`rtanon.neural.backends`: one streaming-step interface
+  (``VocoderBackend``) with a factory ``make_backend("onnxruntime" | "torch" |
+  "tensorrt", ...)`` and ``VocoderStream``, the per-session object that hides
+  the state tuple.
+- :mod:`rtanon.neural.losses`: multi-resolution STFT loss, mel L1 loss,
+  adversarial and feature-matching losses (SSL-SAS paper Eq. 2-5).
+- :mod:`rtanon.neural.discriminators`: HiFi-GAN multi-period and multi-scale
+  discriminators.
+- :mod:`rtanon.neural.train`: compact feature shards, the dataset reading
+  them, and the resumable training loop (``python -m rtanon.neural.train``).
+- :mod:`rtanon.neural.features`: ``build_shards`` from Kaldi-style
+  directories with pluggable extractors (content units, F0, speaker
+  embedding) and speed perturbation.
+- :mod:`rtanon.neural.rates`: the 50 Hz / 100 Hz / 16 kHz constants (no torch).
+- :mod:`rtanon.neural.bench_vocoder`: ONNX Runtime CPU timing of the
+  streaming step (``python -m rtanon.neural.bench_vocoder``).
+
+Not trained yet: see ``models/neural/README.md``.
+"""

@@ -1,0 +1,434 @@
+"""Causal NSF-HiFi-GAN vocoder with explicit streaming state.
+
+The generator of HiFi-GAN (Kong et al. 2020: transposed-convolution
+upsampling, each followed by a multi-receptive-field fusion of residual
+blocks), made causal, conditioned the SSL-SAS way (Miao et al. 2022,
+Sec. 3.4) on content, F0 and a speaker vector, and driven by an NSF-style
+harmonic-plus-noise source (Wang & Yamagishi) so that the output pitch
+follows the given F0.
+
+Rates: 50 Hz conditioning frames, 16 kHz audio, x320 in total. With the
+default ``upsample_rates=(2, 5, 4, 4, 2)`` the stages run at 100 Hz, 500 Hz,
+2 kHz, 8 kHz and 16 kHz; the 100 Hz F0 conditioning joins after the first
+(x2) stage.
+
+Inputs of one call (``L`` frames of 20 ms; ``B`` sessions):
+
+- ``units``: ``(B, L, K)`` float32, soft content units at 50 Hz (a K-dim
+  distribution per frame; any float features work).
+- ``f0_hz``: ``(B, 2L)`` float32, F0 in Hz at 100 Hz, 0 where unvoiced.
+- ``speaker``: ``(B, S)`` float32, the pseudo-speaker embedding (S = 256),
+  fixed for a session.
+- ``noise``: ``(B, 320 L)`` float32, standard-normal noise for the NSF noise
+  branch. It is an input (as in RVC's ONNX export) so that the graph is
+  deterministic and chunked output equals offline output exactly; the
+  per-session stream draws it from the session's random generator.
+
+Output: ``(B, 320 L)`` float32 audio at 16 kHz in (-1, 1) (tanh).
+
+Streaming (KoeAI/LLVC style): ``init_state(batch)`` returns the state tuple,
+``forward_stream(units, f0_hz, speaker, noise, *state)`` returns
+``(audio, *new_state)``; the same graph exports to ONNX with the state as
+explicit inputs and outputs (:func:`export_onnx`). ``forward`` is the offline
+call: ``forward_stream`` on the whole utterance from the zero state, so the
+output of any chunking equals it up to float rounding. Every layer is causal
+and the model has no lookahead: its algorithmic latency is 0 beyond the 20 ms
+frame itself.
+
+State layout: every stateful layer owns a *slot* ``(channels, length)``:
+the last ``(kernel - 1) * dilation`` inputs of a causal convolution, the
+``rate`` overlap-add tail of a transposed convolution, the NSF source history
+(160 samples) and the NSF phase (one value: an integer below 2**24 in units of
+2**-24 cycles, exact in float32). Slots with the same channel count are
+concatenated along time into one tensor ``(B, channels, total_length)``; the
+state tuple has one tensor per distinct channel count, in ascending channel
+order (:attr:`CausalNsfHifiGan.state_shapes`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtanon.config import SAMPLE_RATE_HZ, ConfigError
+from rtanon.neural.rates import F0_HOP_SAMPLES, FRAME_RATE_HZ, F0_RATE_HZ, HOP_SAMPLES  # noqa: F401
+
+#: NSF phase resolution: phases are integers modulo 2**PHASE_BITS (cycles * 2**PHASE_BITS).
+PHASE_BITS = 24
+_PHASE_ONE = 1 << PHASE_BITS
+
+
+@dataclass(frozen=True)
+class VocoderConfig:
+    """Shape of the generator. Channel width of stage ``i`` (output of the
+    ``i``-th upsampling) is ``max(initial_channels >> (i + 1), min_channels)``.
+    Every transposed convolution has kernel ``2 * rate``.
+
+    The defaults use HiFi-GAN V3's residual blocks (type 2, kernels 3/5/7,
+    dilations (1,2)/(2,6)/(3,12)) with 256 initial channels: about 1.3 M
+    parameters (5 MiB fp32), chosen because the V1/V2 blocks (type 1,
+    3/7/11 x (1,3,5)) at 192 channels took about 1.7x as long per 20 ms step
+    (minimum over calls) with ONNX Runtime on the 2-core development machine
+    and three times as many graph nodes, which dominates under load (see
+    ``models/neural/README.md`` for the measurements)."""
+
+    units_dim: int = 128
+    speaker_dim: int = 256
+    upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
+    initial_channels: int = 256
+    min_channels: int = 8
+    resblock_kernel_sizes: tuple[int, ...] = (3, 5, 7)
+    resblock_dilations: tuple[tuple[int, ...], ...] = ((1, 2), (2, 6), (3, 12))
+    resblock_type: int = 2
+    pre_kernel_size: int = 5
+    f0_kernel_size: int = 3
+    post_kernel_size: int = 7
+    num_harmonics: int = 8
+    sine_amp: float = 0.1
+    noise_std_voiced: float = 0.003
+    log_f0_mean: float = math.log(150.0)
+    log_f0_std: float = 0.5
+    weight_norm: bool = True
+
+    def stage_channels(self) -> list[int]:
+        return [max(self.initial_channels >> (i + 1), self.min_channels) for i in range(len(self.upsample_rates))]
+
+    def validate(self) -> None:
+        if math.prod(self.upsample_rates) != HOP_SAMPLES:
+            raise ConfigError(f"upsample_rates={self.upsample_rates} multiply to {math.prod(self.upsample_rates)}; "
+                              f"they must multiply to {HOP_SAMPLES} (16 kHz audio from 50 Hz frames)")
+        if self.upsample_rates[0] != 2:
+            raise ConfigError(f"upsample_rates[0]={self.upsample_rates[0]}; it must be 2 so that the first stage "
+                              "runs at 100 Hz, where the F0 conditioning joins")
+        if not 8 <= self.initial_channels <= 1024 or not 1 <= self.min_channels <= self.initial_channels:
+            raise ConfigError(f"initial_channels={self.initial_channels}, min_channels={self.min_channels}; "
+                              "use 8 <= min_channels <= initial_channels <= 1024 (128-192 runs in real time on CPU)")
+        if len(self.resblock_kernel_sizes) != len(self.resblock_dilations) or not self.resblock_kernel_sizes:
+            raise ConfigError("resblock_kernel_sizes and resblock_dilations need one entry per residual block, "
+                              f"got {len(self.resblock_kernel_sizes)} and {len(self.resblock_dilations)}")
+        if self.resblock_type not in (1, 2):
+            raise ConfigError(f"resblock_type={self.resblock_type}; use 1 (HiFi-GAN V1/V2: two convolutions per "
+                              "dilation) or 2 (V3: one convolution per dilation, cheaper)")
+        if self.units_dim < 1 or self.speaker_dim < 1:
+            raise ConfigError(f"units_dim={self.units_dim}, speaker_dim={self.speaker_dim}; both must be >= 1")
+        if not 1 <= self.num_harmonics <= 64:
+            raise ConfigError(f"num_harmonics={self.num_harmonics}; use 1 to 64")
+        if min(self.pre_kernel_size, self.f0_kernel_size, self.post_kernel_size) < 1:
+            raise ConfigError("pre/f0/post kernel sizes must be >= 1")
+
+
+class _Slots:
+    """Registry of state slots ``(channels, length)`` filled at construction."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, int]] = []
+
+    def add(self, channels: int, length: int) -> int:
+        self.shapes.append((channels, length))
+        return len(self.shapes) - 1
+
+
+def _wn(module: nn.Module, enabled: bool) -> nn.Module:
+    return nn.utils.parametrizations.weight_norm(module) if enabled else module
+
+
+class CausalConv1d(nn.Module):
+    """Conv1d that sees only the past: its state is the last
+    ``(kernel - 1) * dilation`` input samples."""
+
+    def __init__(self, slots: _Slots, c_in: int, c_out: int, kernel: int, dilation: int = 1,
+                 weight_norm: bool = True) -> None:
+        super().__init__()
+        self.context = (kernel - 1) * dilation
+        self.conv = _wn(nn.Conv1d(c_in, c_out, kernel, dilation=dilation), weight_norm)
+        self.slot = slots.add(c_in, self.context) if self.context else -1
+
+    def forward(self, x: torch.Tensor, state: list[torch.Tensor], new: list[torch.Tensor | None]) -> torch.Tensor:
+        if self.slot < 0:
+            return self.conv(x)
+        xx = torch.cat((state[self.slot], x), dim=2)
+        new[self.slot] = xx[:, :, -self.context:]
+        return self.conv(xx)
+
+
+class CausalUpsample(nn.Module):
+    """Transposed convolution (kernel ``2 * rate``, stride ``rate``) made
+    causal by overlap-add: the last ``rate`` outputs of a call are partial
+    sums carried to the next call."""
+
+    def __init__(self, slots: _Slots, c_in: int, c_out: int, rate: int, weight_norm: bool = True) -> None:
+        super().__init__()
+        self.rate = rate
+        self.conv = _wn(nn.ConvTranspose1d(c_in, c_out, 2 * rate, stride=rate, bias=False), weight_norm)
+        self.bias = nn.Parameter(torch.zeros(c_out))
+        self.slot = slots.add(c_out, rate)
+
+    def forward(self, x: torch.Tensor, state: list[torch.Tensor], new: list[torch.Tensor | None]) -> torch.Tensor:
+        r = self.rate
+        y = self.conv(x)  # (B, C, (L + 1) * r)
+        y = torch.cat((y[:, :, :r] + state[self.slot], y[:, :, r:]), dim=2)
+        new[self.slot] = y[:, :, -r:]
+        return y[:, :, :-r] + self.bias[None, :, None]
+
+
+class ResBlock(nn.Module):
+    """HiFi-GAN residual block, causal. Type 1 (V1/V2), per dilation d:
+    ``x += conv_k(lrelu(conv_{k,d}(lrelu(x))))``; type 2 (V3): ``x += conv_{k,d}(lrelu(x))``."""
+
+    def __init__(self, slots: _Slots, channels: int, kernel: int, dilations: tuple[int, ...],
+                 weight_norm: bool = True, block_type: int = 1) -> None:
+        super().__init__()
+        self.convs1 = nn.ModuleList(CausalConv1d(slots, channels, channels, kernel, d, weight_norm) for d in dilations)
+        n2 = len(dilations) if block_type == 1 else 0
+        self.convs2 = nn.ModuleList(CausalConv1d(slots, channels, channels, kernel, 1, weight_norm) for _ in range(n2))
+
+    def forward(self, x: torch.Tensor, state: list[torch.Tensor], new: list[torch.Tensor | None]) -> torch.Tensor:
+        for k, c1 in enumerate(self.convs1):
+            xt = c1(F.leaky_relu(x, 0.1), state, new)
+            if len(self.convs2):
+                xt = self.convs2[k](F.leaky_relu(xt, 0.1), state, new)
+            x = x + xt
+        return x
+
+
+class HarmonicSource(nn.Module):
+    """NSF harmonic-plus-noise excitation at 16 kHz from F0 at 100 Hz.
+
+    Harmonics ``h = 1..H`` of the F0 (those below Nyquist, voiced frames only)
+    from the running phase, scaled by ``sine_amp`` and merged by a learned
+    linear layer and tanh, plus Gaussian noise with std ``noise_std_voiced``
+    in voiced frames and ``sine_amp / 3`` in unvoiced ones.
+
+    The phase is integer arithmetic modulo 2**24 (int64 inside the graph):
+    the per-sample increment ``round(f0 / 16000 * 2**24)`` is constant over a
+    10 ms F0 frame, so any chunking gives bit-identical phases; the carried
+    phase is an integer below 2**24, exact in the float32 state.
+    """
+
+    def __init__(self, slots: _Slots, config: VocoderConfig) -> None:
+        super().__init__()
+        self.num_harmonics = config.num_harmonics
+        self.sine_amp = config.sine_amp
+        self.noise_std_voiced = config.noise_std_voiced
+        self.merge = nn.Conv1d(config.num_harmonics, 1, 1)
+        self.phase_slot = slots.add(1, 1)
+
+    def forward(self, f0_hz: torch.Tensor, noise: torch.Tensor, state: list[torch.Tensor],
+                new: list[torch.Tensor | None]) -> torch.Tensor:
+        """``f0_hz`` (B, F) at 100 Hz, ``noise`` (B, 160 F) -> source (B, 1, 160 F)."""
+        b, n_frames = f0_hz.shape
+        f0 = torch.clamp(f0_hz, min=0.0)
+        voiced = (f0 > 0.0).to(f0.dtype)  # (B, F)
+        inc = torch.round(f0 * (_PHASE_ONE / SAMPLE_RATE_HZ)).to(torch.int64)  # (B, F) per sample
+        adv = inc * F0_HOP_SAMPLES  # phase advance over one F0 frame
+        phase0 = state[self.phase_slot].reshape(b, 1).to(torch.int64)
+        cum = torch.cumsum(adv, dim=1)
+        start = torch.remainder(phase0 + cum - adv, _PHASE_ONE)  # (B, F) phase at each frame start
+        new[self.phase_slot] = torch.remainder(phase0 + cum[:, -1:], _PHASE_ONE).to(f0.dtype).reshape(b, 1, 1)
+        j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64, device=f0.device)
+        p = torch.remainder(start[:, :, None] + inc[:, :, None] * j, _PHASE_ONE)  # (B, F, 160)
+        h = torch.arange(1, self.num_harmonics + 1, dtype=torch.int64, device=f0.device)
+        ph = torch.remainder(p[:, None, :, :] * h[None, :, None, None], _PHASE_ONE)  # (B, H, F, 160)
+        sines = torch.sin(ph.to(f0.dtype) * (2.0 * math.pi / _PHASE_ONE))
+        hf = h.to(f0.dtype)
+        below_nyquist = (f0[:, None, :] * hf[None, :, None] < SAMPLE_RATE_HZ / 2).to(f0.dtype)  # (B, H, F)
+        amp = (self.sine_amp * below_nyquist * voiced[:, None, :])[:, :, :, None]
+        harmonics = (sines * amp).reshape(b, self.num_harmonics, n_frames * F0_HOP_SAMPLES)
+        merged = torch.tanh(self.merge(harmonics))  # (B, 1, N)
+        std = self.noise_std_voiced * voiced + (self.sine_amp / 3.0) * (1.0 - voiced)  # (B, F)
+        std = std[:, :, None].expand(b, n_frames, F0_HOP_SAMPLES).reshape(b, 1, n_frames * F0_HOP_SAMPLES)
+        return merged + std * noise[:, None, :]
+
+
+class CausalNsfHifiGan(nn.Module):
+    """The generator. See the module docstring for shapes, rates and state."""
+
+    def __init__(self, config: VocoderConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        wn = config.weight_norm
+        slots = _Slots()
+        chans = config.stage_channels()
+        c0 = config.initial_channels
+        self.conv_pre = CausalConv1d(slots, config.units_dim, c0, config.pre_kernel_size, 1, wn)
+        self.spk_pre = nn.Linear(config.speaker_dim, c0)
+        self.source = HarmonicSource(slots, config)
+        self.ups = nn.ModuleList()
+        self.spk_film = nn.ModuleList()
+        self.source_convs = nn.ModuleList()
+        self.mrfs = nn.ModuleList()
+        self.source_strides: list[int] = []
+        c_in = c0
+        for i, (rate, c) in enumerate(zip(config.upsample_rates, chans)):
+            self.ups.append(CausalUpsample(slots, c_in, c, rate, wn))
+            self.spk_film.append(nn.Linear(config.speaker_dim, 2 * c))
+            stride = math.prod(config.upsample_rates[i + 1:])
+            self.source_strides.append(stride)
+            self.source_convs.append(nn.Conv1d(1, c, 2 * stride, stride=stride) if stride > 1 else nn.Conv1d(1, c, 1))
+            self.mrfs.append(nn.ModuleList(ResBlock(slots, c, k, d, wn, config.resblock_type)
+                                           for k, d in zip(config.resblock_kernel_sizes, config.resblock_dilations)))
+            c_in = c
+        self.source_history = max(self.source_strides)
+        self.source_slot = slots.add(1, self.source_history)
+        self.f0_conv = CausalConv1d(slots, 2, chans[0], config.f0_kernel_size, 1, wn)
+        self.conv_post = CausalConv1d(slots, chans[-1], 1, config.post_kernel_size, 1, wn)
+        self._slot_shapes = list(slots.shapes)
+        self._groups = sorted({c for c, _ in self._slot_shapes})
+        self._group_slots = [[i for i, (c, _) in enumerate(self._slot_shapes) if c == g] for g in self._groups]
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def state_shapes(self) -> list[tuple[int, int]]:
+        """``(channels, length)`` of each state tensor (batch dimension excluded), in order."""
+        return [(g, sum(self._slot_shapes[i][1] for i in idx)) for g, idx in zip(self._groups, self._group_slots)]
+
+    def init_state(self, batch: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+        """Zero state for ``batch`` sessions: one ``(batch, C, L)`` tensor per entry of ``state_shapes``."""
+        return tuple(torch.zeros(batch, c, n, device=device, dtype=dtype) for c, n in self.state_shapes)
+
+    def _unpack(self, state: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = [None] * len(self._slot_shapes)  # type: ignore[list-item]
+        for t, idx in zip(state, self._group_slots):
+            parts = torch.split(t, [self._slot_shapes[i][1] for i in idx], dim=2)
+            for i, part in zip(idx, parts):
+                out[i] = part
+        return out
+
+    def _pack(self, slots: list[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.cat([slots[i] for i in idx], dim=2) if len(idx) > 1 else slots[idx[0]]
+                     for idx in self._group_slots)
+
+    # ---- calls -------------------------------------------------------------------------------
+    def _check(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
+               state: tuple[torch.Tensor, ...]) -> None:
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return
+        cfg = self.config
+        if units.ndim != 3 or units.shape[2] != cfg.units_dim:
+            raise ValueError(f"units must be (B, L, {cfg.units_dim}) at 50 Hz, got {tuple(units.shape)}")
+        b, n = units.shape[:2]
+        want = {"f0_hz": (f0_hz, (b, 2 * n)), "speaker": (speaker, (b, cfg.speaker_dim)),
+                "noise": (noise, (b, HOP_SAMPLES * n))}
+        for name, (t, shape) in want.items():
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} must be {shape} for {n} frames of 20 ms (F0 at 100 Hz, noise at 16 kHz), "
+                                 f"got {tuple(t.shape)}")
+        shapes = [(b, c, m) for c, m in self.state_shapes]
+        if len(state) != len(shapes) or any(tuple(s.shape) != sh for s, sh in zip(state, shapes)):
+            raise ValueError(f"state must be {len(shapes)} tensors of shapes {shapes} (use init_state({b})), "
+                             f"got {[tuple(s.shape) for s in state]}")
+
+    def forward_stream(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
+                       *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One streaming step over ``L >= 1`` frames: ``(audio (B, 320 L), *new_state)``."""
+        self._check(units, f0_hz, speaker, noise, state)
+        cur = self._unpack(state)
+        new: list[torch.Tensor | None] = [None] * len(cur)
+        b = units.shape[0]
+        x = self.conv_pre(units.transpose(1, 2), cur, new) + self.spk_pre(speaker)[:, :, None]
+        src = self.source(f0_hz, noise, cur, new)  # (B, 1, N)
+        hist = torch.cat((cur[self.source_slot], src), dim=2)
+        new[self.source_slot] = hist[:, :, -self.source_history:]
+        f0 = torch.clamp(f0_hz, min=0.0)
+        voiced = (f0 > 0.0).to(f0.dtype)
+        lf0 = (torch.log(torch.clamp(f0, min=1.0)) - self.config.log_f0_mean) / self.config.log_f0_std * voiced
+        f0_cond = torch.stack((lf0, voiced), dim=1)  # (B, 2, 2L) at 100 Hz
+        n_res = len(self.config.resblock_kernel_sizes)
+        for i, (up, film, sconv, mrf) in enumerate(zip(self.ups, self.spk_film, self.source_convs, self.mrfs)):
+            x = up(F.leaky_relu(x, 0.1), cur, new)
+            gamma, beta = film(speaker).reshape(b, 2, -1, 1).unbind(1)
+            x = x * (1.0 + gamma) + beta
+            stride = self.source_strides[i]
+            s_in = hist[:, :, self.source_history - stride:] if stride > 1 else src
+            x = x + sconv(s_in)
+            if i == 0:
+                x = x + self.f0_conv(f0_cond, cur, new)
+            xs = mrf[0](x, cur, new)
+            for block in mrf[1:]:
+                xs = xs + block(x, cur, new)
+            x = xs / n_res
+        x = self.conv_post(F.leaky_relu(x, 0.01), cur, new)
+        audio = torch.tanh(x)[:, 0, :]
+        return (audio, *self._pack(new))
+
+    def forward(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor,
+                noise: torch.Tensor | None = None) -> torch.Tensor:
+        """Offline: ``units`` (B, T, K), ``f0_hz`` (B, 2T), ``speaker`` (B, S), ``noise`` (B, 320 T) or
+        None (drawn with ``torch.randn``) -> audio (B, 320 T) float32 at 16 kHz, from the zero state."""
+        if noise is None:
+            noise = torch.randn(units.shape[0], HOP_SAMPLES * units.shape[1], device=units.device, dtype=units.dtype)
+        state = self.init_state(units.shape[0], units.device, units.dtype)
+        return self.forward_stream(units, f0_hz, speaker, noise, *state)[0]
+
+    def source_signal(self, f0_hz: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The NSF excitation alone: ``f0_hz`` (B, F) at 100 Hz, ``noise`` (B, 160 F) -> (B, 160 F)."""
+        cur = self._unpack(self.init_state(f0_hz.shape[0], f0_hz.device, f0_hz.dtype))
+        return self.source(f0_hz, noise, cur, [None] * len(cur))[:, 0, :]
+
+    # ---- inference helpers --------------------------------------------------------------------
+    def folded(self) -> "CausalNsfHifiGan":
+        """A new model in eval mode without weight norm (weights folded) for inference and export; this
+        model is left as it is. (Removing parametrisations from a deep copy would break the original:
+        the parametrised class is shared between copies.)"""
+        from dataclasses import replace
+
+        out = CausalNsfHifiGan(replace(self.config, weight_norm=False))
+        sd = {}
+        for name, mod in self.named_modules():
+            for pname, p in mod.named_parameters(recurse=False):
+                sd[f"{name}.{pname}" if name else pname] = p.detach()
+            if nn.utils.parametrize.is_parametrized(mod, "weight"):
+                sd[f"{name}.weight"] = mod.weight.detach()
+                if mod.bias is not None:
+                    sd[f"{name}.bias"] = mod.bias.detach()
+        out.load_state_dict({k: v for k, v in sd.items() if k in out.state_dict()}, strict=True)
+        return out.to(next(self.parameters()).device).eval()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def state_names(model: CausalNsfHifiGan) -> list[str]:
+    return [f"state_c{c}" for c, _ in model.state_shapes]
+
+
+def export_onnx(model: CausalNsfHifiGan, path: str | Path, frames: int = 1, opset: int = 17) -> Path:
+    """Writes the streaming step to ONNX: inputs ``units, f0_hz, speaker, noise, state_c*``, outputs
+    ``audio, new_state_c*``; batch and frame count are dynamic. The model is copied and its weight
+    norm folded; the caller's model is left as it is. Uses the TorchScript-based exporter
+    (``dynamo=False``: the dynamo exporter needs ``onnxscript``, which rtanon does not depend on)."""
+    path = Path(path)
+    m = model.folded().cpu()
+    cfg = m.config
+    b = 1
+    args = (torch.zeros(b, frames, cfg.units_dim), torch.full((b, 2 * frames), 120.0),
+            torch.zeros(b, cfg.speaker_dim), torch.zeros(b, HOP_SAMPLES * frames), *m.init_state(b))
+    names = state_names(m)
+    inputs = ["units", "f0_hz", "speaker", "noise", *names]
+    outputs = ["audio", *[f"new_{n}" for n in names]]
+    dyn = {"units": {0: "batch", 1: "frames"}, "f0_hz": {0: "batch", 1: "f0_frames"}, "speaker": {0: "batch"},
+           "noise": {0: "batch", 1: "samples"}, "audio": {0: "batch", 1: "samples"}}
+    dyn.update({n: {0: "batch"} for n in inputs[4:] + outputs[1:]})
+
+    class _Step(nn.Module):
+        def __init__(self, inner: CausalNsfHifiGan) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self.inner.forward_stream(*a)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Step(m), args, str(path), input_names=inputs, output_names=outputs,
+                          dynamic_axes=dyn, opset_version=opset, dynamo=False, do_constant_folding=True)
+    return path

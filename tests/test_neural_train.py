@@ -1,0 +1,155 @@
+"""Vocoder training library: shard round trip, batches, embedding blending, and a smoke run of the
+resumable loop on synthetic shards (a few CPU steps; resumed training equals uninterrupted training)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rtanon.neural.discriminators import DiscriminatorConfig  # noqa: E402
+from rtanon.neural.train import (  # noqa: E402
+    BlendWithOtherSpeaker,
+    ShardDataset,
+    ShardWriter,
+    TrainConfig,
+    load_generator,
+    train_vocoder,
+)
+from rtanon.neural.vocoder import VocoderConfig  # noqa: E402
+
+K, D = 8, 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _utterance(rng, frames, f0):
+    t = np.arange(320 * frames) / 16000
+    audio = 0.3 * np.sin(2 * np.pi * f0 * t) + 0.01 * rng.standard_normal(t.size)
+    units = rng.dirichlet(np.ones(K), size=frames).astype(np.float32)
+    return units, np.full(2 * frames, f0, np.float32), audio.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(0)
+    w = ShardWriter(d, units_dim=K, max_shard_mib=0.05)  # tiny cap: several shards
+    for i in range(6):
+        w.add(f"utt{i}", i % 2, *_utterance(rng, 20 + 5 * i, 120.0 + 60 * (i % 2)))
+    w.add("short", 1, *_utterance(rng, 3, 200.0))
+    w.close(["spkA", "spkB"], rng.standard_normal((2, D)).astype(np.float32))
+    return d
+
+
+def test_shards_round_trip(shard_dir):
+    manifest = json.loads((shard_dir / "manifest.json").read_text())
+    assert len(manifest["shards"]) >= 3 and manifest["units_dim"] == K
+    assert all(e["bytes"] <= 0.05 * 2**20 + 4096 for e in manifest["shards"])
+    data = ShardDataset(shard_dir, verify=True)
+    assert len(data) == 7 and data.embeddings.shape == (2, D)
+    assert data.total_seconds == pytest.approx((sum(20 + 5 * i for i in range(6)) + 3) / 50)
+    # utterance 0 comes back (units float16, audio int16 precision)
+    rng = np.random.default_rng(0)
+    units, f0, audio = _utterance(rng, 20, 120.0)
+    np.testing.assert_allclose(data.units[:20], units, atol=1e-3)
+    np.testing.assert_allclose(data.audio[:6400] / 32768.0, audio, atol=1e-4)
+    np.testing.assert_array_equal(data.f0_hz[:40], f0)
+    subset = ShardDataset(shard_dir, shards=[manifest["shards"][0]["file"]])
+    assert 0 < len(subset) < len(data)
+
+
+def test_writer_rejects_misaligned_features(tmp_path):
+    w = ShardWriter(tmp_path, units_dim=K)
+    with pytest.raises(ValueError, match="whole number of 20 ms frames"):
+        w.add("x", 0, np.zeros((5, K)), np.zeros(10), np.zeros(1601))
+
+
+def test_batches_are_aligned_and_seeded(shard_dir):
+    data = ShardDataset(shard_dir)
+    b1 = data.batch(np.random.default_rng([0, 5]), 8, 10)
+    b2 = data.batch(np.random.default_rng([0, 5]), 8, 10)
+    for k in b1:
+        np.testing.assert_array_equal(b1[k], b2[k])
+    assert b1["units"].shape == (8, 10, K) and b1["f0_hz"].shape == (8, 20) and b1["audio"].shape == (8, 3200)
+    # F0 and speaker agree (speaker 0 spoke at 120 Hz, speaker 1 at 180 or 200 Hz)
+    for f0, spk in zip(b1["f0_hz"], b1["speaker"]):
+        voiced = f0[f0 > 0]
+        assert (voiced == 120.0).all() if spk == 0 else (voiced >= 180.0).all()
+
+
+def test_config_needs_enough_loss_frames():
+    from rtanon.config import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 4 frames"):
+        TrainConfig(segment_frames=6, context_frames=4).validate()
+
+
+def test_blend_keeps_norm_and_moves_towards_another_speaker():
+    table = np.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 2.0, 0]], np.float32)
+    emb = table[[0, 0, 2]]
+    out = BlendWithOtherSpeaker(prob=1.0, max_weight=0.5)(emb, np.array([0, 0, 2]), table, np.random.default_rng(1))
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), np.linalg.norm(emb, axis=1), rtol=1e-5)
+    assert not np.allclose(out, emb)
+    cos = np.sum(out * emb, 1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(emb, axis=1))
+    assert (cos > np.cos(np.pi / 4) - 1e-6).all()  # weight <= 0.5: never past half-way
+    assert np.array_equal(BlendWithOtherSpeaker(prob=0.0)(emb, np.array([0, 0, 2]), table,
+                                                          np.random.default_rng(1)), emb)
+
+
+def _config(steps):
+    return TrainConfig(
+        vocoder=VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=16, min_channels=4),
+        discriminators=DiscriminatorConfig(mpd_channels=(4, 4, 8, 8, 8), msd_channels=(4, 8, 16, 16, 16, 16, 16),
+                                           msd_scales=2),
+        steps=steps, batch_size=2, segment_frames=6, context_frames=2, checkpoint_every=2, log_every=1,
+        adversarial_start_step=1, seed=3)
+
+
+def test_training_smoke_and_exact_resume(shard_dir, tmp_path):
+    data = ShardDataset(shard_dir)
+    straight = tmp_path / "straight"
+    last = train_vocoder(_config(3), data, straight, device="cpu",
+                         speaker_augment=BlendWithOtherSpeaker(prob=0.5))
+    assert last["step"] == 3 and np.isfinite(last["g_total"]) and last["d_total"] > 0
+    lines = [json.loads(x) for x in (straight / "train.log").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3] and "g_adv" not in lines[0] and "g_adv" in lines[1]
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["generator_step00000002.pt",
+                                                                          "generator_step00000003.pt"]
+    # two steps, stop, resume for the third: the same weights as three steps straight
+    resumed = tmp_path / "resumed"
+    train_vocoder(_config(3), data, resumed, device="cpu", max_steps=2,
+                  speaker_augment=BlendWithOtherSpeaker(prob=0.5))
+    assert json.loads((resumed / "train.log").read_text().splitlines()[-1])["step"] == 2
+    train_vocoder(_config(3), data, resumed, device="cpu", speaker_augment=BlendWithOtherSpeaker(prob=0.5))
+    a = load_generator(straight / "generator.pt")
+    b = load_generator(resumed / "generator.pt")
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=0, msg=name)
+    # the weights did move from their initialisation
+    torch.manual_seed(3)
+    init = type(a)(a.config)
+    assert any((p0 - p1).abs().max() > 0 for p0, p1 in zip(init.state_dict().values(), a.state_dict().values()))
+
+
+def test_command_line_trains_from_shards(shard_dir, tmp_path, capsys):
+    from rtanon.neural.train import main
+
+    main(["--shards", str(shard_dir), "--run", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2",
+          "--segment-frames", "8", "--context-frames", "2", "--log-every", "1", "--device", "cpu",
+          "--vocoder-config", '{"initial_channels": 16, "min_channels": 4}',
+          "--discriminator-config", '{"mpd_channels": [4, 4, 8, 8, 8], "msd_channels": [4, 8, 16, 16, 16, 16, 16], '
+          '"msd_scales": 1}'])
+    out = capsys.readouterr().out
+    assert "7 utterances" in out and "stopped at step 2" in out
+    model = load_generator(tmp_path / "run" / "generator.pt")
+    assert model.config.units_dim == K and model.config.speaker_dim == D
