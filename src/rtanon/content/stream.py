@@ -1,0 +1,141 @@
+"""Streaming content encoder on ONNX Runtime (numpy + onnxruntime only).
+
+``ContentEncoderModel`` is the shared, immutable part: one ONNX Runtime
+session over the exported graph (by default the one shipped as package data,
+``rtanon/models/content/content_encoder.onnx``). ``model.open_stream()`` gives
+a ``ContentEncoderStage``: the per-session stream holding the explicit state
+tensors and the not-yet-complete 20 ms frame of samples.
+
+Stage contract (see ``rtanon.stages``): ``process(chunk)`` takes ``hop``
+float32 samples at 16 kHz in [-1, 1] and returns the 50 Hz frames completed
+by this chunk, ``(n, K)`` float32 soft units (rows sum to 1; or ``(n, D)``
+projections with ``output="z"``); n is 0 or 1 for 10 ms chunks, 1 for 20 ms,
+2 for 40 ms (30 ms alternates 1 and 2). The result does not depend on the
+chunk size: frame ``i`` always depends on samples ``[0, 320 (i + 1))`` only.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from rtanon.content.config import FRAME_SAMPLES, SAMPLE_RATE_HZ
+from rtanon.stages.base import check_chunk
+
+PACKAGED_ONNX = "content_encoder.onnx"
+
+
+@contextmanager
+def packaged_model_path() -> Iterator[Path]:
+    """Path to the shipped ONNX content encoder (package data)."""
+    ref = resources.files("rtanon") / "models" / "content" / PACKAGED_ONNX
+    with resources.as_file(ref) as p:
+        yield p
+
+
+def _ort():
+    try:
+        import onnxruntime
+    except ImportError as exc:  # pragma: no cover - install hint
+        raise ImportError("the content encoder runs on ONNX Runtime: pip install onnxruntime") from exc
+    return onnxruntime
+
+
+@dataclass
+class ContentStreamConfig:
+    """``output``: "probs" (soft units, (n, K)) or "z" (unit-space projections, (n, D))."""
+
+    output: str = "probs"
+    threads: int = 1
+
+    def validate(self) -> None:
+        if self.output not in ("probs", "z"):
+            raise ValueError(f"output={self.output!r}: use 'probs' (soft units) or 'z' (projections)")
+        if self.threads < 1:
+            raise ValueError(f"threads={self.threads}: use 1 (live path) or more")
+
+
+class ContentEncoderModel:
+    """Shared ONNX Runtime session of the causal content encoder."""
+
+    def __init__(self, onnx_path: str | Path | None = None, config: ContentStreamConfig | None = None) -> None:
+        ort = _ort()
+        self.config = config or ContentStreamConfig()
+        self.config.validate()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.config.threads
+        opts.inter_op_num_threads = 1
+        if onnx_path is None:
+            with packaged_model_path() as p:
+                self.session = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+        else:
+            self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        inputs = self.session.get_inputs()
+        if inputs[0].name != "audio":
+            raise ValueError(f"{onnx_path}: not a content-encoder graph (first input {inputs[0].name!r})")
+        self.state_names = [i.name for i in inputs[1:]]
+        self.state_shapes = [tuple(1 if not isinstance(d, int) else d for d in i.shape) for i in inputs[1:]]
+        outs = [o.name for o in self.session.get_outputs()]
+        self._out_index = outs.index(self.config.output)
+        self.n_units = int(self.session.get_outputs()[0].shape[-1])
+        self.unit_dim = int(self.session.get_outputs()[1].shape[-1])
+
+    def init_state(self) -> list[np.ndarray]:
+        return [np.zeros(s, dtype=np.float32) for s in self.state_shapes]
+
+    def run(self, audio: np.ndarray, state: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """audio (N,) float32 with N % 320 == 0 -> probs (N/320, K), z (N/320, D), new state."""
+        feed = {"audio": audio[None, :]}
+        feed.update(zip(self.state_names, state))
+        out = self.session.run(None, feed)
+        return out[0][0], out[1][0], out[2:]
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """Offline: a whole utterance (float32, 16 kHz) -> (floor(len/320), K or D) from a zero state."""
+        n = (len(audio) // FRAME_SAMPLES) * FRAME_SAMPLES
+        probs, z, _ = self.run(np.ascontiguousarray(audio[:n], dtype=np.float32), self.init_state())
+        return probs if self.config.output == "probs" else z
+
+    def open_stream(self, hop: int) -> "ContentEncoderStage":
+        return ContentEncoderStage(self, hop)
+
+
+class ContentEncoderStage:
+    """Per-session streaming content encoder (stage contract; see the module docstring)."""
+
+    def __init__(self, model: ContentEncoderModel, hop: int) -> None:
+        if hop <= 0 or hop % 160:
+            raise ValueError(f"hop={hop}: use a multiple of 160 samples (10 ms at {SAMPLE_RATE_HZ} Hz)")
+        self.model = model
+        self._hop = hop
+        self._dim = model.n_units if model.config.output == "probs" else model.unit_dim
+        self.reset()
+
+    @property
+    def hop(self) -> int:
+        return self._hop
+
+    @property
+    def latency_samples(self) -> int:
+        """Longest extra wait, beyond the chunk, before a 20 ms frame completes."""
+        return (-self._hop) % FRAME_SAMPLES
+
+    def reset(self) -> None:
+        self._state = self.model.init_state()
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    def process(self, chunk: np.ndarray) -> np.ndarray:
+        """``hop`` float32 samples (16 kHz) -> (n, K) float32 soft units of the frames completed now."""
+        check_chunk(chunk, self._hop, "ContentEncoderStage.process")
+        buf = np.concatenate([self._pending, chunk]) if len(self._pending) else chunk
+        n = (len(buf) // FRAME_SAMPLES) * FRAME_SAMPLES
+        self._pending = buf[n:].copy()
+        if n == 0:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        probs, z, self._state = self.model.run(np.ascontiguousarray(buf[:n]), self._state)
+        return probs if self.model.config.output == "probs" else z

@@ -1,0 +1,249 @@
+"""Training recipe for the causal content encoder (``rtanon train content``).
+
+Steps, each resumable (finished work is found on disk and skipped):
+
+1. For every ``--data`` Kaldi directory, cache the audio (int16) and the
+   Whisper tiny.en teacher features (float16) under ``<cache>/<name>/``.
+2. K-means (K = ``n_units``) on standardised teacher frames of all training
+   directories; every frame gets its discrete unit (``units_K<K>.npy``).
+3. Train ``ContentEncoder`` with cross-entropy between paper 002 Eq. 1 soft
+   units and the teacher's units, on random crops (state starts at zero as in
+   a fresh stream), with speaker-variety augmentation that keeps the time
+   alignment: vocal-tract-length perturbation of the mel filterbank, random
+   gain and a little white noise. Checkpoints (``ckpt.pt``) every
+   ``checkpoint_every_s`` and at the end; a rerun resumes from it. Seeds are
+   fixed; the log goes to ``<out>/train.log``.
+
+Never pass the evaluation directory (so762_dev) as ``--data``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rtanon.content.features import FRAME_SAMPLES, CorpusCache, assign_units, build_cache, fit_units
+from rtanon.content.config import ContentModelConfig, mel_filterbank
+
+log = logging.getLogger("rtanon.content.train")
+
+
+@dataclass
+class TrainConfig:
+    """Training settings; ``validate()`` says how to fix a bad value."""
+
+    data_dirs: list[Path]
+    out_dir: Path
+    cache_dir: Path | None = None  # default: <out_dir>/cache
+    model: ContentModelConfig = field(default_factory=ContentModelConfig)
+    seed: int = 0
+    batch_size: int = 12
+    crop_frames: int = 150  # 3 s of 50 Hz frames
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 200
+    max_steps: int = 2400
+    max_minutes: float = 90.0  # stop (with a checkpoint) after this much training time in this run
+    checkpoint_every_s: float = 180.0
+    threads: int = 1  # 1 is fastest on a shared machine
+    vtlp_range: tuple[float, float] = (0.85, 1.18)
+    gain_db_range: tuple[float, float] = (-12.0, 6.0)
+
+    def validate(self) -> None:
+        if not self.data_dirs:
+            raise ValueError("no training data: pass --data DIR [DIR ...] (Kaldi-style directories)")
+        for d in self.data_dirs:
+            if not (Path(d) / "wav.scp").exists():
+                raise ValueError(f"{d}: not a Kaldi-style directory (no wav.scp)")
+            if Path(d).name.endswith("_dev") or Path(d).name.endswith("_test"):
+                raise ValueError(f"{d}: looks like an evaluation split; train on so762_train and libri_clips only")
+        if self.batch_size < 1 or self.crop_frames < 10:
+            raise ValueError("batch_size must be >= 1 and crop_frames >= 10")
+        if self.max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        self.model.validate()
+
+    @property
+    def cache(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else Path(self.out_dir) / "cache"
+
+
+class _Batches:
+    """Random aligned crops: audio (B, n*320) float32, units (B, n) int64 (-100 = padding)."""
+
+    def __init__(self, caches: list[CorpusCache], k: int, cfg: TrainConfig, rng: np.random.Generator):
+        self.cfg, self.rng = cfg, rng
+        self.items = []  # (cache index, utt index)
+        self.audio = [c.audio(mmap=False) for c in caches]
+        self.units = [c.units(k) for c in caches]
+        self.caches = caches
+        weights = []
+        for ci, c in enumerate(caches):
+            for ui in range(len(c.utts)):
+                if c.frame_len[ui] >= 5:
+                    self.items.append((ci, ui))
+                    weights.append(min(int(c.frame_len[ui]), cfg.crop_frames))
+        w = np.asarray(weights, dtype=np.float64)
+        self.p = w / w.sum()
+        lo, hi = cfg.vtlp_range
+        self.warps = np.linspace(lo, hi, 15)
+        self.fbs = np.stack([mel_filterbank(cfg.model.n_mels, warp=a) for a in self.warps])
+
+    def __call__(self):
+        cfg, rng = self.cfg, self.rng
+        B, n = cfg.batch_size, cfg.crop_frames
+        audio = np.zeros((B, n * FRAME_SAMPLES), dtype=np.float32)
+        units = np.full((B, n), -100, dtype=np.int64)
+        fb_idx = np.zeros(B, dtype=np.int64)
+        for b, j in enumerate(rng.choice(len(self.items), size=B, p=self.p)):
+            ci, ui = self.items[j]
+            c = self.caches[ci]
+            nf = int(c.frame_len[ui])
+            s = int(rng.integers(0, max(1, nf - n + 1))) if nf > n else 0
+            m = min(n, nf - s)
+            a0 = int(c.audio_offset[ui]) + s * FRAME_SAMPLES
+            x = self.audio[ci][a0:a0 + m * FRAME_SAMPLES].astype(np.float32) / 32767.0
+            x = x * 10.0 ** (rng.uniform(*cfg.gain_db_range) / 20.0)
+            if rng.random() < 0.3:
+                x = x + rng.standard_normal(len(x)).astype(np.float32) * 10.0 ** (rng.uniform(-70, -45) / 20.0)
+            audio[b, :len(x)] = np.clip(x, -1.0, 1.0)
+            f0 = int(c.frame_offset[ui]) + s
+            units[b, :m] = self.units[ci][f0:f0 + m]
+            fb_idx[b] = rng.integers(len(self.warps)) if rng.random() < 0.8 else np.argmin(abs(self.warps - 1.0))
+        return audio, units, self.fbs[fb_idx]
+
+
+def _feature_stats(model, caches: list[CorpusCache], rng: np.random.Generator):
+    import torch
+
+    xs = []
+    for c in caches:
+        a = c.audio(mmap=True)
+        for ui in rng.choice(len(c.utts), size=min(100, len(c.utts)), replace=False):
+            o, n = int(c.audio_offset[ui]), int(c.frame_len[ui]) * FRAME_SAMPLES
+            xs.append(np.asarray(a[o:o + n], dtype=np.float32) / 32767.0)
+    with torch.no_grad():
+        feats = [model.log_mel(torch.from_numpy(x)[None], torch.zeros(1, 240))[0][0] for x in xs if len(x)]
+    f = torch.cat(feats, dim=1)
+    return f.mean(1), f.std(1) + 1e-3
+
+
+def _setup_logging(out: Path) -> None:
+    """Log to ``<out>/train.log`` and stderr (replacing a handler of an earlier run in this process)."""
+    out.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    root = logging.getLogger("rtanon")
+    root.setLevel(logging.INFO)
+    for h in [h for h in root.handlers if getattr(h, "_rtanon_train", False)]:
+        root.removeHandler(h)
+        h.close()
+    for h in (logging.FileHandler(out / "train.log"), logging.StreamHandler()):
+        h.setFormatter(fmt)
+        h._rtanon_train = True
+        root.addHandler(h)
+
+
+def train_content(cfg: TrainConfig) -> Path:
+    """Runs (or resumes) the recipe; returns the path of the final checkpoint."""
+    from rtanon.content.features import _need
+
+    torch = _need("torch")
+    from rtanon.content.model import ContentEncoder
+
+    cfg.validate()
+    out = Path(cfg.out_dir)
+    _setup_logging(out)
+    torch.set_num_threads(cfg.threads)
+    log.info("config: %s", json.dumps(asdict(cfg), default=str))
+    t_prep = time.time()
+    caches = [build_cache(Path(d), cfg.cache) for d in cfg.data_dirs]
+    k = cfg.model.n_units
+    km = fit_units(caches, k, cfg.cache / f"kmeans_K{k}.npz", seed=cfg.seed)
+    for c in caches:
+        assign_units(c, km, k)
+    log.info("teacher cache and units ready (%.0f s)", time.time() - t_prep)
+
+    torch.manual_seed(cfg.seed)
+    model = ContentEncoder(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ckpt_path = out / "ckpt.pt"
+    step, train_s = 0, 0.0
+    rng = np.random.default_rng(cfg.seed)
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, train_s = ck["step"], ck["train_s"]
+        rng.bit_generator.state = ck["np_rng"]
+        torch.set_rng_state(ck["torch_rng"])
+        log.info("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, train_s / 60)
+    else:
+        mean, std = _feature_stats(model, caches, rng)
+        model.feat_mean.copy_(mean)
+        model.feat_std.copy_(std)
+    batches = _Batches(caches, k, cfg, rng)
+    log.info("model: %d parameters; %d training crops sources", sum(p.numel() for p in model.parameters()),
+             len(batches.items))
+
+    def save():
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_s": train_s,
+                    "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                    "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz")},
+                   str(ckpt_path) + ".tmp")
+        Path(str(ckpt_path) + ".tmp").replace(ckpt_path)
+        log.info("checkpoint step %d (%.1f min trained)", step, train_s / 60)
+
+    run_start = time.time()
+    last_ckpt = time.time()
+    acc_ema, loss_ema = None, None
+    model.train()
+    while step < cfg.max_steps and (time.time() - run_start) < cfg.max_minutes * 60:
+        t0 = time.time()
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.max_steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        audio, units, fbs = batches()
+        audio_t, units_t = torch.from_numpy(audio), torch.from_numpy(units)
+        state = model.init_state(cfg.batch_size)
+        with torch.no_grad():
+            logmel, _ = model.log_mel(audio_t, state[0], mel_fb=torch.from_numpy(fbs))
+        logits, _, _ = model.encode_logmel(logmel, state[1:])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, k), units_t.reshape(-1), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        step += 1
+        train_s += time.time() - t0
+        with torch.no_grad():
+            mask = units_t >= 0
+            acc = (logits.argmax(-1)[mask] == units_t[mask]).float().mean().item()
+        acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
+        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+        if step % 20 == 0:
+            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f) %.2f s/step",
+                     step, lr, loss.item(), loss_ema, acc, acc_ema, time.time() - t0)
+        if time.time() - last_ckpt > cfg.checkpoint_every_s:
+            save()
+            last_ckpt = time.time()
+    save()
+    log.info("stopped at step %d of %d after %.1f min of training in total", step, cfg.max_steps, train_s / 60)
+    return ckpt_path
+
+
+def load_checkpoint(path: Path):
+    """The trained ``ContentEncoder`` (eval mode) from a ``ckpt.pt`` or a weights-only ``.pt``."""
+    import torch
+
+    from rtanon.content.model import ContentEncoder
+
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    model = ContentEncoder(ContentModelConfig.from_dict(ck["model_config"]))
+    model.load_state_dict(ck["model"])
+    return model.eval()

