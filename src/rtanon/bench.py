@@ -93,11 +93,18 @@ def _f0_stage(config: AnonymizerConfig):
     return F0Tracker(hop=config.stream.chunk_samples)
 
 
+def _content_stage(config: AnonymizerConfig):
+    from rtanon.content.stream import ContentEncoderModel
+
+    return ContentEncoderModel().open_stream(config.stream.chunk_samples)
+
+
 #: Stages that ``rtanon bench --stage NAME`` can time alone: name -> factory(config).
 BENCH_STAGES: dict[str, Callable[[AnonymizerConfig], object]] = {
     "vad": _vad_stage,
     "mcadams": _mcadams_stage,
     "f0": _f0_stage,
+    "content": _content_stage,
 }
 
 

@@ -14,8 +14,10 @@ def register(sub) -> None:
                     "alone; --e2e measures microphone-to-virtual-microphone latency through a private "
                     "PulseAudio daemon. With --json the last line is one JSON object.")
     add_engine_args(p)
-    p.add_argument("--stage", default=None, metavar="NAME", help="time one stage alone (see the list in --help of "
-                   "rtanon.bench.BENCH_STAGES: vad, mcadams, ...)")
+    from rtanon.bench import BENCH_STAGES
+
+    p.add_argument("--stage", default=None, metavar="NAME",
+                   help=f"time one stage alone: {', '.join(BENCH_STAGES)}")
     p.add_argument("--seconds", type=float, default=30.0, help="audio to process (default: 30)")
     p.add_argument("--input", default=None, metavar="WAV", help="speech to use instead of the embedded sample")
     p.add_argument("--e2e", action="store_true", help="also measure end-to-end latency through PulseAudio")
