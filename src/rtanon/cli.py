@@ -10,7 +10,7 @@ import sys
 from rtanon import __version__
 
 #: Subcommand modules, in the order ``rtanon --help`` lists them.
-COMMANDS = ["demo", "file", "anonymize_dir"]
+COMMANDS = ["demo", "file", "anonymize_dir", "eval"]
 
 
 
