@@ -123,6 +123,12 @@ def markdown(result: dict, figures: list[str]) -> str:
         + f". Analysis: {result['analysis']['files_analyzed']} files analyzed, "
           f"{result['analysis']['cache_hits']} results from the cache.",
         "",
+        "CPU seconds (all processes): " + ", ".join(f"{k} {v:.0f}" for k, v in result["cpu_s"].items())
+        + f"; total {sum(result['cpu_s'].values()):.0f} s, i.e. about "
+          f"{sum(result['cpu_s'].values()) / max(1, cfg['jobs']) / 60:.1f} min of wall time on {cfg['jobs']} "
+          f"otherwise idle cores. Machine: {result['machine']['cpus']} CPUs, load average at the end "
+          f"{result['machine']['load_average_at_end']}.",
+        "",
         "## Figures",
         "",
     ]

@@ -185,9 +185,15 @@ def _complete(out: Path, src: KaldiDir) -> bool:
     return set(done.wav) == set(src.wav) and all(p.is_file() for p in done.wav.values())
 
 
-def _anonymize_sets(pool: _Pool, jobs: list[tuple], cfg: EvalConfig, progress: bool) -> dict:
+def _add(total: dict, part: dict) -> None:
+    for k, v in part.items():
+        total[k] = total.get(k, 0.0) + v
+
+
+def _anonymize_sets(pool: _Pool, jobs: list[tuple], cfg: EvalConfig, progress: bool, cpu_s: dict) -> dict:
     """``jobs``: (key, anonymizer config, source KaldiDir, out dir, assignment, seed).
-    Returns key -> anonymized KaldiDir, written as ``out/part*/<utt>.wav``."""
+    Returns key -> anonymized KaldiDir, written as ``out/part*/<utt>.wav``;
+    adds the workers' CPU seconds to ``cpu_s``."""
     from rtanon.audio_io import AudioFileError  # noqa: F401  (fail early if audio I/O is broken)
     from rtanon.eval import _worker
 
@@ -203,7 +209,9 @@ def _anonymize_sets(pool: _Pool, jobs: list[tuple], cfg: EvalConfig, progress: b
             tasks.append((acfg, shard, str(out / f"part{i:03d}"), assignment, seed))
             weights.append(len(shard.wav))
     if tasks:
-        pool.run(_worker.anonymize_shard, tasks, desc="anonymizing", weights=weights, progress=progress)
+        for _, cpu in pool.run(_worker.anonymize_shard, tasks, desc="anonymizing", weights=weights,
+                               progress=progress):
+            _add(cpu_s, cpu)
     for key, src, out in todo:
         wav = {}
         for part in sorted(out.glob("part*")):
@@ -227,14 +235,14 @@ def _select_train(train: KaldiDir, cfg: EvalConfig):
     for s in spks:
         utts += seeded_shuffle(train.utterances_of(s), cfg.seed, "train:" + s)[: cfg.train_utts_per_speaker]
     calib = set()
-    for g in ("f", "m"):
+    for g in ("f", "m"):  # at least 2 speakers per gender, for same-gender non-target pairs
         group = [s for s in spks if train.spk2gender[s] == g]
-        n = int(round(cfg.calibration_fraction * len(group)))
+        n = max(2, int(round(cfg.calibration_fraction * len(group)))) if len(group) >= 3 else 0
         calib.update(seeded_shuffle(group, cfg.seed, "calibration:" + g)[:n])
     backend = [s for s in spks if s not in calib]
     if len(backend) < 3 or len(calib) < 2:
         raise ConfigError(f"{train.root}: {len(spks)} usable training speakers are too few for a PLDA "
-                          "backend and a calibration set; use a larger --train-data")
+                          "backend and a calibration set (3 or more per gender); use a larger --train-data")
     return _subset(train, utts), sorted(backend), sorted(calib)
 
 
@@ -251,7 +259,9 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
 
     cfg.validate()
     t_start = time.perf_counter()
+    cpu_main0 = time.process_time()
     timings: dict[str, float] = {}
+    cpu_s: dict[str, float] = {}  # CPU seconds of the worker units, by kind
     dev = KaldiDir.load(cfg.data)
     train_path = cfg.train_data or default_train_data(Path(cfg.data))
     if train_path is None:
@@ -280,7 +290,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
             jobs += [((name, "dev"), acfg, dev, base / "dev", "speaker", cfg.seed),
                      ((name, "enroll"), acfg, enroll_src, base / "enroll", "speaker", cfg.seed + 1),
                      ((name, "train"), acfg, train_sub, base / "train", "utterance", cfg.seed + 2)]
-        anon = _anonymize_sets(pool, jobs, cfg, progress)
+        anon = _anonymize_sets(pool, jobs, cfg, progress, cpu_s)
         timings["anonymize"] = time.perf_counter() - t
 
         # 2. analyze (cached by file identity)
@@ -305,7 +315,8 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
         threads = 1
         arglist = [(p, tuple(sorted({r[2] for r in requests[p]})), cfg.asr_beam_size, threads) for p in paths]
         done = pool.run(_worker.analyze, arglist, desc="analyzing", progress=progress)
-        for p, res in zip(paths, done):
+        for p, (res, cpu) in zip(paths, done):
+            _add(cpu_s, cpu)
             for key, utt, w, ck in requests[p]:
                 results[key][w][utt] = res[w]
                 cache.put(w, ck, res[w])
@@ -360,6 +371,10 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
         plots[name] = {"attacks": attacks, "similarity": sim}
     timings["measure"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t_start
+    main = time.process_time() - cpu_main0
+    if cfg.jobs == 1:  # the units ran in this process: do not count them twice
+        main -= sum(cpu_s.values())
+    cpu_s["main_process"] = max(0.0, main)
 
     result = {
         "systems": report_systems,
@@ -377,9 +392,18 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
                       "f0": names["f0"]},
         "analysis": analysis_stats,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "cpu_s": {k: round(v, 1) for k, v in sorted(cpu_s.items())},
+        "machine": _machine(),
     }
     report.write_report(out, result, plots)
     return result
+
+
+def _machine() -> dict:
+    import os
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in load] if load else None}
 
 
 def _gender_order(kaldi: KaldiDir) -> list[str]:
