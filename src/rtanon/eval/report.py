@@ -190,12 +190,17 @@ def _plots(out: Path, result: dict, plots: dict) -> list[str]:
     for ax, label in ((axes[0], "EER (%)"), (axes[1], "linkability")):
         ax.set_xticks(x + width * (len(systems) - 1) / 2, list(SCENARIO_TITLES.values()), fontsize=8)
         ax.set_ylabel(label)
+    axes[0].set_ylim(0, 50)
+    axes[1].set_ylim(0, 1)
     axes[0].legend(fontsize=8)
     wer = [100 * (result["systems"][n]["wer"] or 0) for n in systems]
     rho = [result["systems"][n]["rho_f0"] or 0 for n in systems]
-    axes[2].bar(np.arange(len(systems)) - 0.2, wer, 0.4, label="WER (%)")
+    axes[2].bar(np.arange(len(systems)) - 0.2, wer, 0.4, color="tab:gray", label="WER (%)")
     ax2 = axes[2].twinx()
-    ax2.bar(np.arange(len(systems)) + 0.2, rho, 0.4, color="tab:orange", label="rho_F0")
+    ax2.bar(np.arange(len(systems)) + 0.2, rho, 0.4, color="tab:green", label="rho_F0")
+    axes[2].legend(handles=axes[2].patches[:1] + ax2.patches[:1], labels=["WER (%)", "rho_F0"], fontsize=8,
+                   loc="upper left")
+    axes[2].set_title("utility", fontsize=9)
     ax2.set_ylim(0, 1)
     ax2.set_ylabel("rho_F0")
     axes[2].set_ylabel("WER (%)")

@@ -194,7 +194,6 @@ def _anonymize_sets(pool: _Pool, jobs: list[tuple], cfg: EvalConfig, progress: b
     """``jobs``: (key, anonymizer config, source KaldiDir, out dir, assignment, seed).
     Returns key -> anonymized KaldiDir, written as ``out/part*/<utt>.wav``;
     adds the workers' CPU seconds to ``cpu_s``."""
-    from rtanon.audio_io import AudioFileError  # noqa: F401  (fail early if audio I/O is broken)
     from rtanon.eval import _worker
 
     tasks, weights, todo = [], [], []
@@ -312,7 +311,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
                     else:
                         requests.setdefault(str(path), []).append((key, utt, w, ck))
         paths = sorted(requests)
-        threads = 1
+        threads = 1  # per worker process: the pool provides the parallelism
         arglist = [(p, tuple(sorted({r[2] for r in requests[p]})), cfg.asr_beam_size, threads) for p in paths]
         done = pool.run(_worker.analyze, arglist, desc="analyzing", progress=progress)
         for p, (res, cpu) in zip(paths, done):
