@@ -82,7 +82,8 @@ def markdown(result: dict, figures: list[str]) -> str:
         f"and {ign['n_nontarget']} same-gender non-target trials; closed-set identification among all "
         f"{ign['n_speakers']} speakers.",
         "",
-        "## Privacy (lower EER-gap, linkability and top-k = more private)",
+        "## Privacy (more private: EER towards 50 %, min Cllr towards 1, linkability and top-k towards 0, "
+        "mean rank towards chance)",
         "",
         privacy_table(result),
         "",
@@ -96,7 +97,7 @@ def markdown(result: dict, figures: list[str]) -> str:
         "- Ignorant: original enrolment, anonymized trials (speaker-level pseudo-voices), cosine scoring.",
         "- Lazy-informed: enrolment anonymized by the same system with other pseudo-voices (another seed), "
         "cosine scoring.",
-        f"- Semi-informed: as lazy-informed, scored by LDA ({cfg['lda_dim']} dims at most) + PLDA trained on "
+        f"- Semi-informed: as lazy-informed, scored by PCA + LDA ({any_sys['lda_dim']} dims) + PLDA trained on "
         f"{prot['train_backend_speakers']} speakers of {Path(prot['train_data']).name} "
         f"({cfg['train_utts_per_speaker']} utterances each) anonymized with utterance-level pseudo-voices "
         "(paper 004).",
@@ -123,7 +124,7 @@ def markdown(result: dict, figures: list[str]) -> str:
         + f". Analysis: {result['analysis']['files_analyzed']} files analyzed, "
           f"{result['analysis']['cache_hits']} results from the cache.",
         "",
-        "CPU seconds (all processes): " + ", ".join(f"{k} {v:.0f}" for k, v in result["cpu_s"].items())
+        "CPU seconds of this run (all processes): " + ", ".join(f"{k} {v:.0f}" for k, v in result["cpu_s"].items())
         + f"; total {sum(result['cpu_s'].values()):.0f} s, i.e. about "
           f"{sum(result['cpu_s'].values()) / max(1, cfg['jobs']) / 60:.1f} min of wall time on {cfg['jobs']} "
           f"otherwise idle cores. Machine: {result['machine']['cpus']} CPUs, load average at the end "
