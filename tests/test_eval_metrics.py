@@ -200,6 +200,9 @@ def test_text_normalisation_equates_spellings(ref, hyp):
 
 def test_text_normalisation_keeps_real_differences():
     assert normalize("TWENTY ONE") != normalize("20")
+    assert normalize("TWO TWO ZERO FOUR") == ["2", "2", "0", "4"]
+    # a misheard digit is one error, not the whole digit string
+    assert metrics.word_errors(normalize("TWO NINE SIX FOUR"), normalize("two nice six four.")) == 1
     assert normalize("BILL LIKES YELLOW") == ["bill", "likes", "yellow"]
     assert normalize("no one knows") == ["no", "1", "knows"]
 

@@ -109,8 +109,8 @@ def markdown(result: dict, figures: list[str]) -> str:
         "- DeID / GVD: voice similarity matrices (paper 001 Eq. 2-5) over all utterances, cosine scores with an "
         "oracle affine calibration per matrix, pairs of a segment with itself (or its own anonymized version) "
         "left out.",
-        f"- WER: {result['analyzers']['asr']}; text normalised (case, punctuation, spelled numbers to digits, "
-        "adjacent numbers joined). The corpus is non-native and partly children's speech, so compare against "
+        f"- WER: {result['analyzers']['asr']}; text normalised (case, punctuation, numbers written as one token per "
+        "digit whether spelled or not). The corpus is non-native and partly children's speech, so compare against "
         "`original`, not in absolute terms.",
         f"- rho_F0: Pearson correlation of original and anonymized F0 on frames voiced in both, mean over "
         f"utterances; tracker: {result['analyzers']['f0']}.",

@@ -2,10 +2,12 @@
 
 ``normalize(text) -> list[str]`` lower-cases, drops punctuation (keeping
 in-word apostrophes), splits hyphenated words, turns spelled numbers into
-digits ("twenty one" -> "21", "one hundred and five" -> "105") and then joins
-adjacent numbers into one token, so that a reference "TWO TWO ZERO FOUR" and
-the hypotheses "2204", "2, 2, 0, 4" and "two-two-zero-four" all become
-``["2204"]``. The same function is applied to reference and hypothesis.
+digits ("twenty one" -> "21", "one hundred and five" -> "105") and then
+writes every number as one token per digit, so that a reference "TWO TWO ZERO
+FOUR" and the hypotheses "2204", "2, 2, 0, 4" and "two-two-zero-four" all
+become ``["2", "2", "0", "4"]`` (four words, as in the reference: one misheard
+digit is one error), and "TWENTY ONE" and "21" both become ``["2", "1"]``.
+The same function is applied to reference and hypothesis.
 """
 
 from __future__ import annotations
@@ -107,10 +109,6 @@ def normalize(text: str) -> list[str]:
         else:
             out.append(w)
             i += 1
-    merged: list[str] = []
-    for w in out:  # adjacent numbers become one token: "2 2 0 4" -> "2204"
-        if merged and w.isdigit() and merged[-1].isdigit():
-            merged[-1] += w
-        else:
-            merged.append(w)
-    return merged
+    # one token per digit: "2204", "2, 2, 0, 4" and "two two zero four" all become 2 2 0 4,
+    # so a digit string keeps its word count and one misheard digit is one error
+    return [t for w in out for t in (list(w) if w.isdigit() else [w])]
