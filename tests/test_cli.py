@@ -40,7 +40,7 @@ def test_bench_json_last_line_has_the_figures():
     for key in ("algorithmic_latency_ms", "compute_p50_ms", "compute_p99_ms", "rtf", "stages"):
         assert key in r
     assert r["algorithmic_latency_ms"] == 30.0
-    assert set(r["stages"]) == {"vad", "McAdamsStage"}
+    assert set(r["stages"]) == {"vad", "McAdamsStage", "AllPassStage"}
     assert 0 < r["compute_p50_ms"] <= r["compute_p99_ms"]
 
 

@@ -163,3 +163,23 @@ def test_a_pinned_identity_fixes_the_voice_and_a_fresh_session_differs(anonymize
     assert a == b and a["identity"]["strategy"] == "gmm"
     other = new_identity("gmm", rng=np.random.default_rng(1))
     assert anonymizer.open_session(identity=other).voice["alpha"] != a["alpha"]
+
+
+def test_allpass_scrambles_the_waveform_and_keeps_the_spectrum(speech):
+    from scipy.signal import welch
+
+    from rtanon.stages.allpass import AllPassStage
+
+    stage = AllPassStage(320, 8, np.random.default_rng(0))
+    x = speech[: speech.shape[0] // 320 * 320]
+    y = np.concatenate([stage.process(c) for c in x.reshape(-1, 320)])
+    assert abs(np.corrcoef(x, y)[0, 1]) < 0.6  # a copy would give 1.0
+    _, px = welch(x, 16000, nperseg=1024)
+    _, py = welch(y, 16000, nperseg=1024)
+    band = slice(4, 400)  # 60 Hz - 6 kHz
+    np.testing.assert_allclose(10 * np.log10(py[band]), 10 * np.log10(px[band]), atol=1.5)
+
+
+def test_allpass_can_be_turned_off():
+    s = Anonymizer(AnonymizerConfig(allpass_sections=0)).open_session()
+    assert [type(st).__name__ for st in s.stages] == ["McAdamsStage"]

@@ -99,6 +99,9 @@ class AnonymizerConfig:
     :data:`rtanon.methods.METHODS`."""
 
     method: str = "mcadams"
+    #: random all-pass sections after the method (per session; 0 turns it off):
+    #: the output waveform stops matching the input while the spectrum is kept
+    allpass_sections: int = 8
     stream: StreamConfig = field(default_factory=StreamConfig)
     vad: VadConfig = field(default_factory=VadConfig)
     mcadams: McAdamsConfig = field(default_factory=McAdamsConfig)
@@ -108,6 +111,8 @@ class AnonymizerConfig:
 
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {sorted(METHODS)}")
+        if not 0 <= self.allpass_sections <= 32:
+            raise ConfigError(f"allpass_sections={self.allpass_sections}; use 0 (off) to 32")
         self.stream.validate()
         self.vad.validate()
         self.mcadams.validate()

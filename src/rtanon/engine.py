@@ -6,7 +6,9 @@ holding every piece of state (stage buffers, VAD, counters) and a fresh
 pseudo-voice drawn from the OS random source unless a seed pins it.
 
 ``Session.process(chunk)`` takes one chunk of 16 kHz mono float32 and returns
-one chunk of anonymized audio, ``algorithmic_latency_samples`` later. It fails
+one chunk of anonymized audio, ``algorithmic_latency_samples`` later: the
+method's stages, then a per-session random all-pass filter (so the output
+waveform does not match the input even where a method keeps its excitation). It fails
 closed: non-speech, a stage exception, or a non-finite stage output all give
 comfort noise (or silence), never the input.
 """
@@ -81,6 +83,10 @@ class Session:
         self.vad = VadStage(cfg.vad, self.chunk_samples)
         self.identity = identity
         self.stages: list[Stage] = anonymizer.method.make_stages(rng, identity)
+        if cfg.allpass_sections:
+            from rtanon.stages.allpass import AllPassStage
+
+            self.stages.append(AllPassStage(self.chunk_samples, cfg.allpass_sections, rng))
         self.counters = Counters()
         self.times = StageTimes() if profile else None
         self._noise_rng = np.random.default_rng(rng.integers(2**63))
