@@ -385,14 +385,17 @@ class F0Kernel {
     mean_b /= sw4_;
     for (int i = 0; i < sw4_; ++i) im[i] -= mean_b;
     fft();
-    // |A| and |B| on every bin (the SHC reads |B| up to Nyquist; the first-harmonic check of the
-    // spectral peaks reads both)
+    // |A| in the energy band here (the rest below, only where the spectral peaks need it);
+    // |B| on every bin (the SHC reads up to Nyquist)
+    const int kb0 = static_cast<int>(ip_[I_KB0]), kb1 = static_cast<int>(ip_[I_KB1]);
     for (int k = 0; k < nh + 1; ++k) {
       const int p = brev_[k];
       const int q = brev_[(nfft - k) % nfft];
-      const double ar = re[p] + re[q];
-      const double ai = im[p] - im[q];
-      mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
+      if (kb0 <= k && k < kb1) {
+        const double ar = re[p] + re[q];
+        const double ai = im[p] - im[q];
+        mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
+      }
       const double br = re[p] - re[q];
       const double bi = im[p] + im[q];
       mag_b[k] = 0.5 * std::sqrt(br * br + bi * bi);
@@ -412,6 +415,15 @@ class F0Kernel {
     const double std_hz = fp_[F_SEARCH_STD] * avg;
     int nspec = 0;
     if (en > fp_[F_NLFER1]) {
+      // |A| outside the energy band, for the first-harmonic check of the spectral peaks
+      for (int k = 0; k < nh + 1; ++k) {
+        if (kb0 <= k && k < kb1) continue;
+        const int p = brev_[k];
+        const int q = brev_[(nfft - k) % nfft];
+        const double ar = re[p] + re[q];
+        const double ai = im[p] - im[q];
+        mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
+      }
       for (int f = 0; f < shc_len_; ++f) shc[f] = 0.0;
       const int half = static_cast<int>(ip_[I_SHC_HALF]);
       const int nharm = static_cast<int>(ip_[I_SHC_NH]);

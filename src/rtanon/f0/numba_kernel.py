@@ -318,14 +318,17 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     for i in range(sw4):
         im[i] -= mean_b
     _fft(re, im, twc, tws, nfft)
-    # |A| and |B| on every bin (the SHC reads |B| up to Nyquist; the first-harmonic check of the
-    # spectral peaks reads both)
+    # |A| in the energy band here (the rest below, only where the spectral peaks need it);
+    # |B| on every bin (the SHC reads up to Nyquist)
+    kb0 = ip[I_KB0]
+    kb1 = ip[I_KB1]
     for k in range(nh + 1):
         p = brev[k]
         q = brev[(nfft - k) % nfft]
-        ar = re[p] + re[q]
-        ai = im[p] - im[q]
-        mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
+        if kb0 <= k < kb1:
+            ar = re[p] + re[q]
+            ai = im[p] - im[q]
+            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
         br = re[p] - re[q]
         bi = im[p] + im[q]
         mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
@@ -345,6 +348,15 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     std = fp[F_SEARCH_STD] * avg
     nspec = 0
     if en > fp[F_NLFER1]:
+        # |A| outside the energy band, for the first-harmonic check of the spectral peaks
+        for k in range(nh + 1):
+            if kb0 <= k < kb1:
+                continue
+            p = brev[k]
+            q = brev[(nfft - k) % nfft]
+            ar = re[p] + re[q]
+            ai = im[p] - im[q]
+            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
         for f in range(shc_len):
             shc[f] = 0.0
         half = ip[I_SHC_HALF]
