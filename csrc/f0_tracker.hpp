@@ -27,7 +27,7 @@ class F0Kernel {
   enum FParam {
     F_F0MIN, F_F0MAX, F_NLFER1, F_NLFER2, F_SHC_T1, F_SHC_T2, F_K1, F_NCCF_T1, F_NCCF_T2, F_BOOST,
     F_PIVOT, F_W1, F_W2, F_W3, F_W4, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_E_FLOOR, F_DELTA4,
-    F_E_PRIOR, F_E_PRIOR_N, N_FPARAMS
+    F_E_PRIOR, F_E_PRIOR_N, F_FH_MIN, N_FPARAMS
   };
   static constexpr int kHop = 160;  // 10 ms at 16 kHz
   static constexpr int kNC = 6;     // DP candidates: 3 NCCF, spectral, best, unvoiced
@@ -187,6 +187,23 @@ class F0Kernel {
     }
   }
 
+  // Largest local maximum of mag among bins n-1..n+1 (0 if none): the spectrum has a
+  // component at the candidate frequency itself, not only the leakage skirt of a neighbour.
+  static double harmonic_peak(const double* mag, int n) {
+    double best = 0.0;
+    for (int q = n - 1; q < n + 2; ++q)
+      if (mag[q] >= mag[q - 1] && mag[q] >= mag[q + 1] && mag[q] > best) best = mag[q];
+    return best;
+  }
+
+  // YAAPT ``peaks``: up to 4 SHC peaks (Hz, merit); returns how many. The merit of a peak is its
+  // normalised SHC times min(1, fh / shc_first_harmonic_min)^2, fh = the larger of the filtered
+  // and squared spectra (each over its maximum) at a spectral peak within one bin of the
+  // candidate: the SHC of the squared signal
+  // alone favours sub-harmonics when it has few components (a pure tone squared has only 2f, and
+  // the products over 4 harmonics peak at 2f/3 or f/2 through window leakage); a true F0 has its
+  // first harmonic in the filtered spectrum or, as the difference tone, in the squared one.
+  // The voicing tests (peak threshold, best over mean) use the plain SHC as in YAAPT.
   int spectral_peaks(double* out_p, double* out_m) const {
     const int pk_min = static_cast<int>(ip_[I_PK_MIN]);
     const int pk_max = static_cast<int>(ip_[I_PK_MAX]);
@@ -201,6 +218,17 @@ class F0Kernel {
     for (int n = pk_min; n <= pk_max; ++n) s += shc[n] * scale;
     const double avg = s / (pk_max - pk_min + 1);
     if (avg > 1.0 / fp_[F_SHC_T1] || avg <= 0.0) return 0;
+    // first-harmonic check: a peak of the filtered (A) or squared (B) spectrum at the candidate
+    const int nh = nfft_ / 2;
+    const double* mag_a = mag_a_.data();
+    const double* mag_b = mag_b_.data();
+    double amax = 0.0, bmax = 0.0;
+    for (int k = 0; k < nh + 1; ++k) {
+      if (mag_a[k] > amax) amax = mag_a[k];
+      if (mag_b[k] > bmax) bmax = mag_b[k];
+    }
+    const double inva = amax > 1e-30 ? 1.0 / amax : 0.0;
+    const double invb = bmax > 1e-30 ? 1.0 / bmax : 0.0;
     int num = 0;
     double bestm = 0.0;
     for (int n = pk_min + center + 1; n < pk_max - center + 1; ++n) {
@@ -215,8 +243,13 @@ class F0Kernel {
           }
         }
         if (ok) {
+          const double fh_a = harmonic_peak(mag_a, n) * inva;
+          const double fh_b = harmonic_peak(mag_b, n) * invb;
+          const double fh = fh_a > fh_b ? fh_a : fh_b;
+          const double g = fh < fp_[F_FH_MIN] ? fh / fp_[F_FH_MIN] : 1.0;
+          const double ve = v * (g * g);
           int pos = num < kSpecCands ? num : kSpecCands;
-          while (pos > 0 && out_m[pos - 1] < v) {
+          while (pos > 0 && out_m[pos - 1] < ve) {
             if (pos < kSpecCands) {
               out_m[pos] = out_m[pos - 1];
               out_p[pos] = out_p[pos - 1];
@@ -224,7 +257,7 @@ class F0Kernel {
             --pos;
           }
           if (pos < kSpecCands) {
-            out_m[pos] = v;
+            out_m[pos] = ve;
             out_p[pos] = n * delta;
           }
           ++num;
@@ -352,7 +385,8 @@ class F0Kernel {
     mean_b /= sw4_;
     for (int i = 0; i < sw4_; ++i) im[i] -= mean_b;
     fft();
-    // |A| only where the energy band needs it; |B| on every bin (the SHC reads up to Nyquist)
+    // |A| in the energy band here (the rest below, only where the spectral peaks need it);
+    // |B| on every bin (the SHC reads up to Nyquist)
     const int kb0 = static_cast<int>(ip_[I_KB0]), kb1 = static_cast<int>(ip_[I_KB1]);
     for (int k = 0; k < nh + 1; ++k) {
       const int p = brev_[k];
@@ -381,6 +415,15 @@ class F0Kernel {
     const double std_hz = fp_[F_SEARCH_STD] * avg;
     int nspec = 0;
     if (en > fp_[F_NLFER1]) {
+      // |A| outside the energy band, for the first-harmonic check of the spectral peaks
+      for (int k = 0; k < nh + 1; ++k) {
+        if (kb0 <= k && k < kb1) continue;
+        const int p = brev_[k];
+        const int q = brev_[(nfft - k) % nfft];
+        const double ar = re[p] + re[q];
+        const double ai = im[p] - im[q];
+        mag_a[k] = 0.5 * std::sqrt(ar * ar + ai * ai);
+      }
       for (int f = 0; f < shc_len_; ++f) shc[f] = 0.0;
       const int half = static_cast<int>(ip_[I_SHC_HALF]);
       const int nharm = static_cast<int>(ip_[I_SHC_NH]);

@@ -49,6 +49,21 @@ def test_glide_is_followed(kernel):
     assert np.mean(np.abs(c / r - 1) < 0.05) > 0.9
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_pure_sines_are_not_tracked_at_a_subharmonic(kernel):
+    # The squared signal of a pure tone at f has only 2f; the SHC over 4 harmonics of it alone
+    # peaks at 2f/3 or f/2 (the bug: 100 Hz -> 66.7, 220 Hz -> 110). The first-harmonic check of
+    # the spectral peaks must put the track on f; harmonic complexes must stay right.
+    t = np.arange(2 * SR) / SR
+    for f_hz in (80.0, 120.0, 150.0, 220.0, 300.0):
+        f0 = central(track((0.3 * np.sin(2 * np.pi * f_hz * t)).astype(np.float32), kernel=kernel))
+        assert np.mean(f0 > 0) > 0.9, f_hz
+        assert abs(np.median(f0[f0 > 0]) / f_hz - 1) < 0.02, (f_hz, np.median(f0[f0 > 0]))
+        f0 = central(track(harmonic(f_hz, 2.0, range(1, 8)), kernel=kernel))
+        assert np.mean(f0 > 0) > 0.9, f_hz
+        assert abs(np.median(f0[f0 > 0]) / f_hz - 1) < 0.02, (f_hz, np.median(f0[f0 > 0]))
+
+
 def test_octave_jump_is_tracked_on_both_sides():
     x = np.concatenate([harmonic(120.0, 1.0), harmonic(240.0, 1.0)])
     f0 = track(x)

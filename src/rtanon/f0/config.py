@@ -31,7 +31,7 @@ I_H8, I_LAG, I_NFFT, I_KB0, I_KB1, I_SHC_MIN, I_SHC_MAX, I_SHC_HALF, I_SHC_NH, I
 # Layout of the float parameter vector.
 F_F0MIN, F_F0MAX, F_NLFER1, F_NLFER2, F_SHC_T1, F_SHC_T2, F_K1, F_NCCF_T1, F_NCCF_T2, F_BOOST, \
     F_PIVOT, F_W1, F_W2, F_W3, F_W4, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_E_FLOOR, F_DELTA4, \
-    F_E_PRIOR, F_E_PRIOR_N, N_FPARAMS = range(23)
+    F_E_PRIOR, F_E_PRIOR_N, F_FH_MIN, N_FPARAMS = range(24)
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ class F0Config:
     lookahead per frame; on so762_dev it did not lower the error against
     pYAAPT, so live use keeps 0.
 
+    ``shc_first_harmonic_min`` is not in YAAPT: a spectral (SHC) peak keeps
+    its merit only if the filtered or the squared spectrum has a peak of at
+    least this share of its maximum at the candidate frequency itself (else
+    the merit shrinks by ``(share / shc_first_harmonic_min)^2``). The SHC of
+    the squared signal alone puts a pure tone at f on a sub-harmonic (2f/3,
+    f/2: the squared tone has only 2f); on synthetic tones and harmonic
+    complexes the share is about 1 at the true F0 and below 0.15 at
+    sub-harmonics, 0.3 lies between.
+
     The thresholds and dynamic-programming weights are those of YAAPT
     (Zahorian & Hu 2008, defaults of pYAAPT); ``prior_f0_hz`` and
     ``energy_tau_s``/``pitch_tau_s`` drive the online estimates that replace
@@ -73,6 +82,7 @@ class F0Config:
     shc_pwidth_hz: float = 50.0
     shc_thresh1: float = 5.0
     shc_thresh2: float = 1.25
+    shc_first_harmonic_min: float = 0.3
     dp5_k1: float = 11.0
     nccf_thresh1: float = 0.3
     nccf_thresh2: float = 0.9
@@ -117,6 +127,10 @@ class F0Config:
                               "raise window_ms or f0_min_hz")
         if not 1 <= self.shc_numharms <= 5:
             raise ConfigError(f"shc_numharms={self.shc_numharms}; use 1 to 5 (YAAPT: 3)")
+        if not 0.0 < self.shc_first_harmonic_min <= 1.0:
+            raise ConfigError(f"shc_first_harmonic_min={self.shc_first_harmonic_min}; use a value in (0, 1] "
+                              "(0.3: spectral peaks whose first harmonic is below 0.3 of the spectrum's maximum "
+                              "lose merit)")
         if not 50.0 <= self.prior_f0_hz <= 500.0:
             raise ConfigError(f"prior_f0_hz={self.prior_f0_hz}; use 50 to 500 Hz")
         if not 0.02 <= self.search_std_ratio <= 0.5:
@@ -201,5 +215,6 @@ def derive(config: F0Config) -> Derived:
     fp[F_E_PRIOR] = e_per_rms * 10.0 ** (c.energy_prior_dbfs / 20.0)
     fp[F_E_PRIOR_N] = c.energy_prior_s * 100.0
     fp[F_DELTA4] = delta
+    fp[F_FH_MIN] = c.shc_first_harmonic_min
     return Derived(ip, fp, np.ascontiguousarray(sos), hann(w4 + 2)[1:-1].astype(np.float64),
                    kaiser(sw4, 0.5).astype(np.float64))

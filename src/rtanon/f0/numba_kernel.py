@@ -27,9 +27,9 @@ import numpy as np
 from numba import njit
 
 from rtanon.f0.config import (
-    F_BOOST, F_DELTA4, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_K1, F_NCCF_T1, F_NCCF_T2, F_NLFER1,
-    F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2, F_W1, F_W2, F_W3, F_W4, HOP_SAMPLES,
-    I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ, I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX,
+    F_BOOST, F_DELTA4, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_FH_MIN, F_K1, F_NCCF_T1, F_NCCF_T2,
+    F_NLFER1, F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2, F_W1, F_W2, F_W3, F_W4,
+    HOP_SAMPLES, I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ, I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX,
     I_PK_MIN, I_SHC_HALF, I_SHC_MAX, I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E, I_TAU_P, N_CANDIDATES, Derived,
 )
 
@@ -93,8 +93,31 @@ def _running_mean(mean, count, value, tau):
 
 
 @njit(cache=True)
-def _spectral_peaks(ip, fp, shc, out_p, out_m):
-    """YAAPT ``peaks``: up to 4 SHC peaks (Hz, merit); returns how many."""
+def _harmonic_peak(mag, n):
+    """Largest local maximum of ``mag`` among bins n-1..n+1 (0 if none): the
+    spectrum has a component at the candidate frequency itself, not only the
+    leakage skirt of a neighbour."""
+    best = 0.0
+    for q in range(n - 1, n + 2):
+        if mag[q] >= mag[q - 1] and mag[q] >= mag[q + 1] and mag[q] > best:
+            best = mag[q]
+    return best
+
+
+@njit(cache=True)
+def _spectral_peaks(ip, fp, shc, mag_a, mag_b, nh, out_p, out_m):
+    """YAAPT ``peaks``: up to 4 SHC peaks (Hz, merit); returns how many.
+
+    The merit of a peak is its normalised SHC times
+    ``min(1, fh / shc_first_harmonic_min)^2``, fh = the larger of the filtered
+    (``mag_a``) and squared (``mag_b``) spectra, each over its maximum, at a
+    spectral peak within one bin of the candidate. The SHC of the
+    squared signal alone favours sub-harmonics when it has few components (a
+    pure tone squared has only 2f, and the products over 4 harmonics peak at
+    2f/3 or f/2 through window leakage); a true F0 has its first harmonic in
+    the filtered spectrum or, as the difference tone, in the squared one. The
+    voicing tests (peak threshold, best over mean) use the plain SHC as in
+    YAAPT."""
     pk_min = ip[I_PK_MIN]
     pk_max = ip[I_PK_MAX]
     center = ip[I_PK_CENTER]
@@ -110,6 +133,15 @@ def _spectral_peaks(ip, fp, shc, out_p, out_m):
     avg = s / (pk_max - pk_min + 1)
     if avg > 1.0 / fp[F_SHC_T1] or avg <= 0.0:
         return 0
+    amax = 0.0
+    bmax = 0.0
+    for k in range(nh + 1):
+        if mag_a[k] > amax:
+            amax = mag_a[k]
+        if mag_b[k] > bmax:
+            bmax = mag_b[k]
+    inva = 1.0 / amax if amax > 1e-30 else 0.0
+    invb = 1.0 / bmax if bmax > 1e-30 else 0.0
     num = 0
     bestm = 0.0
     for n in range(pk_min + center + 1, pk_max - center + 1):
@@ -122,15 +154,20 @@ def _spectral_peaks(ip, fp, shc, out_p, out_m):
                     ok = False
                     break
             if ok:
+                fh_a = _harmonic_peak(mag_a, n) * inva
+                fh_b = _harmonic_peak(mag_b, n) * invb
+                fh = fh_a if fh_a > fh_b else fh_b
+                g = fh / fp[F_FH_MIN] if fh < fp[F_FH_MIN] else 1.0
+                ve = v * (g * g)
                 # keep the best _SPEC_CANDS by insertion (descending merit, stable)
                 pos = num if num < _SPEC_CANDS else _SPEC_CANDS
-                while pos > 0 and out_m[pos - 1] < v:
+                while pos > 0 and out_m[pos - 1] < ve:
                     if pos < _SPEC_CANDS:
                         out_m[pos] = out_m[pos - 1]
                         out_p[pos] = out_p[pos - 1]
                     pos -= 1
                 if pos < _SPEC_CANDS:
-                    out_m[pos] = v
+                    out_m[pos] = ve
                     out_p[pos] = n * delta
                 num += 1
                 if v > bestm:
@@ -281,11 +318,14 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     for i in range(sw4):
         im[i] -= mean_b
     _fft(re, im, twc, tws, nfft)
-    # |A| only where the energy band needs it; |B| on every bin (the SHC reads up to Nyquist)
+    # |A| in the energy band here (the rest below, only where the spectral peaks need it);
+    # |B| on every bin (the SHC reads up to Nyquist)
+    kb0 = ip[I_KB0]
+    kb1 = ip[I_KB1]
     for k in range(nh + 1):
         p = brev[k]
         q = brev[(nfft - k) % nfft]
-        if ip[I_KB0] <= k < ip[I_KB1]:
+        if kb0 <= k < kb1:
             ar = re[p] + re[q]
             ai = im[p] - im[q]
             mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
@@ -308,6 +348,15 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     std = fp[F_SEARCH_STD] * avg
     nspec = 0
     if en > fp[F_NLFER1]:
+        # |A| outside the energy band, for the first-harmonic check of the spectral peaks
+        for k in range(nh + 1):
+            if kb0 <= k < kb1:
+                continue
+            p = brev[k]
+            q = brev[(nfft - k) % nfft]
+            ar = re[p] + re[q]
+            ai = im[p] - im[q]
+            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
         for f in range(shc_len):
             shc[f] = 0.0
         half = ip[I_SHC_HALF]
@@ -320,7 +369,7 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
                     prod *= mag_b[idx] if 0 <= idx <= nh else 0.0
                 s += prod
             shc[f] = s
-        nspec = _spectral_peaks(ip, fp, shc, sp, sm)
+        nspec = _spectral_peaks(ip, fp, shc, mag_a, mag_b, nh, sp, sm)
     if nspec > 0:
         k1w = fp[F_K1] * std / avg
         f0min = fp[F_F0MIN]
