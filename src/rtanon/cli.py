@@ -10,8 +10,10 @@ import sys
 from rtanon import __version__
 
 #: Subcommand modules, in the order ``rtanon --help`` lists them.
-COMMANDS = ["demo", "devices", "live", "file", "anonymize_dir", "virtual_device", "bench", "identity", "pool", "f0", "f0_bench", "train", "eval"]
-
+COMMANDS = [
+    "demo", "devices", "live", "file", "anonymize_dir", "virtual_device", "bench",
+    "identity", "pool", "f0", "f0_bench", "eval", "train",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
