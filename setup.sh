@@ -51,13 +51,14 @@ case ",$extras," in
     say "installing torch==2.13.0 (CPU)"
     pip_install torch==2.13.0 ;;
 esac
-case ",$extras," in
-  *,identity,*)
-    # resemblyzer's metadata asks for webrtcvad (needs a compiler); webrtcvad-wheels provides it
-    pip_install --no-deps resemblyzer==0.1.4 ;;
-esac
 say "installing rtanon into .venv${extras:+ (extras: $extras)}"
 pip_install ".${extras:+[$extras]}"
+case ",$extras," in
+  *,identity,*)
+    # last, without its stale metadata (it asks for webrtcvad, which needs a compiler;
+    # webrtcvad-wheels provides the same module)
+    pip_install --no-deps resemblyzer==0.1.4 ;;
+esac
 
 # --- the job -----------------------------------------------------------------
 case "$job" in
