@@ -86,6 +86,17 @@ def test_failed_run_leaves_no_partial_output_and_keeps_an_existing_one(tmp_path,
     assert not list(tmp_path.glob("*.part"))
 
 
+def test_outputs_get_normal_file_permissions(tmp_path, speech):
+    import os
+
+    dst = tmp_path / "o.wav"
+    with AtomicWriter(dst) as w:
+        w.write(speech)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert dst.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
 def test_refuses_to_overwrite_the_input(tmp_path, speech, session_factory):
     src = tmp_path / "in.wav"
     sf.write(src, speech, 16000)

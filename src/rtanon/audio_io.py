@@ -25,6 +25,12 @@ from rtanon.config import SAMPLE_RATE_HZ
 BLOCK_SECONDS = 2.0
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class AudioFileError(Exception):
     """An input or output file cannot be used; the message says why."""
 
@@ -146,6 +152,7 @@ class AtomicWriter:
                 self._write(np.zeros(self._frames - self.frames_written, np.float32))
             self._file.close()
             if exc_type is None:
+                os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give it normal permissions
                 os.replace(self._tmp, self.path)
         finally:
             if os.path.exists(self._tmp):
