@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from rtanon.audio_io import anonymize_file
-from rtanon.kaldi import KaldiDir
+from rtanon.kaldi import KaldiDir, write_map
 
 ASSIGNMENTS = ("speaker", "utterance")
 
@@ -55,16 +55,13 @@ def anonymize_dir(anonymizer, data: str | Path | KaldiDir, out: str | Path, *, a
         else:
             session = anonymizer.open_session(seed=voice_seed(seed, utt), identity=identity)
         anonymize_file(session, src.wav[utt], out / f"{utt}.wav")
-    _write_map(out / "wav.scp", {u: f"{u}.wav" for u in utts})
-    _write_map(out / "utt2spk", {u: src.utt2spk[u] for u in utts})
+    write_map(out / "wav.scp", {u: f"{u}.wav" for u in utts})
+    write_map(out / "utt2spk", {u: src.utt2spk[u] for u in utts})
     spks = {src.utt2spk[u] for u in utts}
-    _write_map(out / "spk2gender", {s: g for s, g in src.spk2gender.items() if s in spks})
+    write_map(out / "spk2gender", {s: g for s, g in src.spk2gender.items() if s in spks})
     if src.spk2age:
-        _write_map(out / "spk2age", {s: a for s, a in src.spk2age.items() if s in spks})
+        write_map(out / "spk2age", {s: a for s, a in src.spk2age.items() if s in spks})
     if src.text:
-        _write_map(out / "text", {u: src.text[u] for u in utts if u in src.text})
+        write_map(out / "text", {u: src.text[u] for u in utts if u in src.text})
     return KaldiDir.load(out)
 
-
-def _write_map(path: Path, table: dict[str, str]) -> None:
-    path.write_text("".join(f"{k} {v}\n" for k, v in sorted(table.items())), encoding="utf-8")

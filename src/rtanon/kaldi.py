@@ -1,7 +1,7 @@
 """Kaldi-style data directories: wav.scp, utt2spk, spk2gender (spk2age, text).
 
 ``KaldiDir.load(path)`` reads one; paths in wav.scp are relative to the
-directory (absolute paths work too). Piped wav.scp entries (``cmd |``) are
+directory (absolute paths work too). ``write_map`` writes one of its files. Piped wav.scp entries (``cmd |``) are
 refused with a clear message.
 """
 
@@ -29,6 +29,11 @@ def _read_map(path: Path, required: bool = True) -> dict[str, str]:
             raise KaldiDirError(f"{path}:{lineno}: expected '<key> <value>', got {line!r}")
         table[parts[0]] = parts[1].strip()
     return table
+
+
+def write_map(path: Path, table: dict[str, str]) -> None:
+    """Writes a Kaldi-style ``<key> <value>`` file, sorted by key."""
+    path.write_text("".join(f"{k} {v}\n" for k, v in sorted(table.items())), encoding="utf-8")
 
 
 @dataclass(frozen=True)

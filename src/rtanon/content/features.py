@@ -83,18 +83,10 @@ class CorpusCache:
 
 
 def _read_utts(kd: KaldiDir) -> tuple[list[str], list[np.ndarray]]:
-    import soundfile as sf
-    import soxr
+    from rtanon.audio_io import read_audio
 
     utts = sorted(kd.wav)
-    audios = []
-    for u in utts:
-        x, sr = sf.read(str(kd.wav[u]), dtype="float32", always_2d=True)
-        x = x.mean(axis=1)
-        if sr != SAMPLE_RATE_HZ:
-            x = soxr.resample(x, sr, SAMPLE_RATE_HZ).astype(np.float32)
-        audios.append(np.clip(x, -1.0, 1.0))
-    return utts, audios
+    return utts, [read_audio(kd.wav[u]) for u in utts]
 
 
 def _pack(lengths: list[int]) -> list[list[tuple[int, int]]]:

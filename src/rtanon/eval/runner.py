@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from rtanon.config import AnonymizerConfig, ConfigError
-from rtanon.kaldi import KaldiDir, KaldiDirError
+from rtanon.kaldi import KaldiDir, KaldiDirError, write_map
 
 ORIGINAL = "original"
 BASELINE = "mcadams"
@@ -173,9 +173,6 @@ def _shards(kaldi: KaldiDir, min_utts: int) -> list[KaldiDir]:
     return shards
 
 
-def _write_map(path: Path, table: dict[str, str]) -> None:
-    path.write_text("".join(f"{k} {v}\n" for k, v in sorted(table.items())), encoding="utf-8")
-
 
 def _complete(out: Path, src: KaldiDir) -> bool:
     try:
@@ -215,11 +212,11 @@ def _anonymize_sets(pool: _Pool, jobs: list[tuple], cfg: EvalConfig, progress: b
         wav = {}
         for part in sorted(out.glob("part*")):
             wav.update({u: f"{part.name}/{u}.wav" for u in KaldiDir.load(part).wav})
-        _write_map(out / "wav.scp", wav)
-        _write_map(out / "utt2spk", src.utt2spk)
-        _write_map(out / "spk2gender", src.spk2gender)
+        write_map(out / "wav.scp", wav)
+        write_map(out / "utt2spk", src.utt2spk)
+        write_map(out / "spk2gender", src.spk2gender)
         if src.text:
-            _write_map(out / "text", src.text)
+            write_map(out / "text", src.text)
     return {key: KaldiDir.load(out) for key, _, _, out, _, _ in jobs}
 
 

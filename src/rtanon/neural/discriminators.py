@@ -64,13 +64,18 @@ class PeriodDiscriminator(nn.Module):
             x = F.pad(x, (0, n_pad), "reflect" if t > n_pad else "constant")
             t = t + n_pad
         x = x.view(b, c, t // self.period, self.period)
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), 0.1)
-            fmap.append(x)
-        x = self.conv_post(x)
+        return _conv_stack(x, self.convs, self.conv_post)
+
+
+def _conv_stack(x: torch.Tensor, convs: nn.ModuleList, conv_post: nn.Module):
+    """Leaky-ReLU conv layers then the output conv; returns (flattened logits, feature maps)."""
+    fmap = []
+    for conv in convs:
+        x = F.leaky_relu(conv(x), 0.1)
         fmap.append(x)
-        return torch.flatten(x, 1, -1), fmap
+    x = conv_post(x)
+    fmap.append(x)
+    return torch.flatten(x, 1, -1), fmap
 
 
 class ScaleDiscriminator(nn.Module):
@@ -91,13 +96,7 @@ class ScaleDiscriminator(nn.Module):
         self.conv_post = norm(nn.Conv1d(c_in, 1, 3, 1, padding=1))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), 0.1)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return torch.flatten(x, 1, -1), fmap
+        return _conv_stack(x, self.convs, self.conv_post)
 
 
 class MultiPeriodDiscriminator(nn.Module):
