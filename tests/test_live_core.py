@@ -3,7 +3,6 @@
 Overload (a worker slower than real time) and exceptions must give comfort
 noise on the output, never the microphone signal."""
 
-import threading
 import time
 
 import numpy as np

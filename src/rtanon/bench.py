@@ -20,7 +20,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ, AnonymizerConfig
+from rtanon.config import AnonymizerConfig
 from rtanon.methods import METHODS, Method
 from rtanon.stages import Stage, check_chunk
 from rtanon.stages.vad import VadStage

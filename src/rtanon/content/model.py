@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rtanon.content.config import (FRAME_SAMPLES, HOP_SAMPLES, N_FFT, SAMPLE_RATE_HZ, WIN_SAMPLES,
+from rtanon.content.config import (HOP_SAMPLES, N_FFT, WIN_SAMPLES,
                                    ContentModelConfig, mel_filterbank)
 
 class CausalConv(nn.Module):

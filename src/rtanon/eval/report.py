@@ -114,7 +114,7 @@ def markdown(result: dict, figures: list[str]) -> str:
         "`original`, not in absolute terms.",
         f"- rho_F0: Pearson correlation of original and anonymized F0 on frames voiced in both, mean over "
         f"utterances; tracker: {result['analyzers']['f0']}.",
-        f"- For `original`, lazy-informed equals ignorant (nothing to anonymize) and the semi-informed backend "
+        "- For `original`, lazy-informed equals ignorant (nothing to anonymize) and the semi-informed backend "
         "is trained on original training audio.",
         "",
         "## Run",
