@@ -94,6 +94,44 @@ class McAdamsConfig:
 
 
 @dataclass(frozen=True)
+class NeuralConfig:
+    """The ``neural`` method: content encoder + F0 tracker + pitch mapping + causal NSF-HiFi-GAN.
+
+    ``backend`` runs the vocoder (``onnxruntime``: CPU default; ``torch``: CPU or CUDA; ``tensorrt``:
+    NVIDIA GPUs with TensorRT installed); ``device`` "cpu", "cuda" or "auto"; ``threads`` for ONNX
+    Runtime. A session without a pinned identity draws a fresh pseudo-speaker with ``strategy``
+    ("gmm", paper 003, or a paper 000 proximity: random/dense/sparse) and ``gender`` (random/f/m).
+    ``pitch_method``: percentile (default), log_gaussian or minmax (paper 000 Eq. 4-7).
+    ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones."""
+
+    backend: str = "onnxruntime"
+    device: str = "cpu"
+    threads: int = 1
+    strategy: str = "gmm"
+    gender: str = "random"
+    pitch_method: str = "percentile"
+    vocoder_onnx: str | None = None
+    vocoder_checkpoint: str | None = None
+
+    def validate(self) -> None:
+        backends = ("onnxruntime", "torch", "tensorrt")
+        if self.backend not in backends:
+            raise ConfigError(f"neural backend {self.backend!r}; choose one of {backends}")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise ConfigError(f"neural device {self.device!r}; use cpu, cuda or auto")
+        if self.threads < 1:
+            raise ConfigError(f"neural threads={self.threads}; use 1 (live) or more")
+        if self.strategy not in ("gmm", "random", "dense", "sparse"):
+            raise ConfigError(f"identity strategy {self.strategy!r}; use gmm, random, dense or sparse (near/far "
+                              "need the user's voice: make the identity with `rtanon identity new --enroll` and "
+                              "pass --identity)")
+        if self.gender not in ("random", "f", "m"):
+            raise ConfigError(f"gender {self.gender!r}; use random, f or m")
+        if self.pitch_method not in ("percentile", "log_gaussian", "minmax"):
+            raise ConfigError(f"pitch_method {self.pitch_method!r}; use percentile, log_gaussian or minmax")
+
+
+@dataclass(frozen=True)
 class AnonymizerConfig:
     """Everything an Anonymizer is built from. ``method`` names an entry of
     :data:`rtanon.methods.METHODS`."""
@@ -105,6 +143,7 @@ class AnonymizerConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     vad: VadConfig = field(default_factory=VadConfig)
     mcadams: McAdamsConfig = field(default_factory=McAdamsConfig)
+    neural: NeuralConfig = field(default_factory=NeuralConfig)
 
     def validate(self) -> None:
         from rtanon.methods import METHODS  # late import: methods import this module
@@ -116,3 +155,4 @@ class AnonymizerConfig:
         self.stream.validate()
         self.vad.validate()
         self.mcadams.validate()
+        self.neural.validate()

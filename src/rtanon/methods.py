@@ -65,7 +65,32 @@ class McAdamsMethod:
         return {"method": self.name, "alpha": round(stages[0].alpha, 4)}
 
 
+class NeuralMethod:
+    """Content units + mapped F0 + a pseudo-speaker through the causal NSF-HiFi-GAN
+    (:mod:`rtanon.stages.neural`). Each session draws a fresh PseudoSpeaker (GMM by
+    default) unless one is pinned."""
+
+    name = "neural"
+
+    def __init__(self, config: AnonymizerConfig) -> None:
+        from rtanon.stages.neural import NeuralVoiceModel
+
+        self._config = config
+        self.model = NeuralVoiceModel(config.neural)
+
+    def make_stages(self, rng: np.random.Generator, identity=None) -> list[Stage]:
+        if identity is None:
+            identity = self.model.new_identity(rng)
+        return [self.model.open_stream(self._config.stream.chunk_samples, identity, rng)]
+
+    def describe_voice(self, stages: list[Stage]) -> dict:
+        ident = stages[0].identity
+        return {"method": self.name, "gender": ident.gender, "median_f0_hz": round(ident.median_f0_hz, 1),
+                "strategy": ident.strategy.get("name")}
+
+
 #: Method name -> factory taking the AnonymizerConfig.
 METHODS: dict[str, Callable[[AnonymizerConfig], Method]] = {
     "mcadams": McAdamsMethod,
+    "neural": NeuralMethod,
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from rtanon.config import ALLOWED_CHUNK_MS, AnonymizerConfig, StreamConfig
+from rtanon.config import ALLOWED_CHUNK_MS, AnonymizerConfig, NeuralConfig, StreamConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -16,6 +16,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help=f"anonymization method (default: {default.method})")
     p.add_argument("--chunk-ms", type=int, default=default.stream.chunk_ms, choices=ALLOWED_CHUNK_MS,
                    help=f"processing chunk in ms; also the buffering delay (default: {default.stream.chunk_ms})")
+    n = default.neural
+    p.add_argument("--backend", default=n.backend, choices=("onnxruntime", "torch", "tensorrt"),
+                   help=f"neural method: what runs the vocoder (default: {n.backend}; torch needs the [neural] "
+                        "extra, tensorrt an NVIDIA GPU with TensorRT)")
+    p.add_argument("--device", dest="neural_device", default=n.device, choices=("cpu", "cuda", "auto"),
+                   help=f"neural method: vocoder device (default: {n.device})")
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
@@ -41,7 +47,10 @@ def identity_from_args(args: argparse.Namespace):
 
 
 def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
-    return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms))
+    neural = replace(NeuralConfig(), backend=getattr(args, "backend", NeuralConfig.backend),
+                     device=getattr(args, "neural_device", NeuralConfig.device))
+    return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
+                   neural=neural)
 
 
 def anonymizer_from_args(args: argparse.Namespace):

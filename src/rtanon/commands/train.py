@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 #: Trainable models, in the order ``rtanon train --help`` lists them.
-TRAIN_TARGETS = ["content"]
+TRAIN_TARGETS = ["content", "vocoder"]
 
 
 def register(sub) -> None:

@@ -11,7 +11,15 @@ be plugged in when they exist:
   ``[320 t, 320 t + 320)`` (the extractor owns that alignment);
 - ``f0_hz(audio) -> (2T',)`` float32 at 100 Hz, 0 = unvoiced;
 - ``speaker_embedding([audio, ...]) -> (D,)`` float32 from all utterances of
-  one (possibly perturbed) speaker.
+  one (possibly perturbed) speaker;
+- ``speaker_by_id(speaker_id) -> (D,) or None`` (optional): a precomputed
+  embedding of an unperturbed speaker (the shipped speaker pool holds every
+  training speaker's), used instead of ``speaker_embedding`` when it answers.
+
+:func:`default_extractors` plugs in rtanon's own models: the shipped content
+encoder (offline, from the zero state, as a fresh stream sees it), the F0
+tracker (``track``: frame ``j`` centred at ``160 j``) and the speaker pool /
+resemblyzer.
 
 ``audio`` is always ``(N,)`` float32 at 16 kHz in [-1, 1]. The three streams
 are trimmed to the shortest common number of 20 ms frames. A perturbed copy
@@ -41,6 +49,33 @@ class Extractors:
     units: Callable[[np.ndarray], np.ndarray]
     f0_hz: Callable[[np.ndarray], np.ndarray]
     speaker_embedding: Callable[[list[np.ndarray]], np.ndarray]
+    speaker_by_id: Callable[[str], np.ndarray | None] | None = None
+
+
+def default_extractors(f0_kernel: str = "auto") -> Extractors:
+    """rtanon's content encoder, F0 tracker and speaker embeddings (pool first, resemblyzer otherwise)."""
+    from rtanon.content.stream import ContentEncoderModel
+    from rtanon.f0.tracker import track
+    from rtanon.identity.pool import SpeakerPool, _unit
+
+    content = ContentEncoderModel()
+    pool = SpeakerPool.load_default()
+    row = {str(s): i for i, s in enumerate(pool.speaker_ids)}
+    encoder = None
+
+    def speaker_embedding(audios: list[np.ndarray]) -> np.ndarray:
+        nonlocal encoder
+        if encoder is None:
+            from rtanon.identity.encoder import make_encoder
+
+            encoder = make_encoder("resemblyzer")
+        return _unit(np.mean([encoder.embed(a) for a in audios], axis=0))
+
+    def by_id(spk: str) -> np.ndarray | None:
+        return pool.embeddings[row[spk]] if spk in row else None
+
+    return Extractors(units=content.encode, f0_hz=lambda a: track(a, kernel=f0_kernel),
+                      speaker_embedding=speaker_embedding, speaker_by_id=by_id)
 
 
 @dataclass(frozen=True)
@@ -113,7 +148,10 @@ def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: E
                 kept.append((utt, units, f0, audio_t))
             if not kept:
                 continue
-            emb = np.asarray(extractors.speaker_embedding([audios[u] for u, *_ in kept]), np.float32)
+            emb = extractors.speaker_by_id(spk) if (aug is None and extractors.speaker_by_id) else None
+            if emb is None:
+                emb = extractors.speaker_embedding([audios[u] for u, *_ in kept])
+            emb = np.asarray(emb, np.float32)
             index = len(speaker_ids)
             speaker_ids.append(prefix + spk)
             embeddings.append(emb)

@@ -147,13 +147,17 @@ class ShardDataset:
     """The utterances of the shards in ``shard_dir`` that are present (all listed ones by default, or
     the files named in ``shards``), held in memory, with random fixed-length segments.
 
+    ``units_temperature``: sharpen the stored soft units to this Eq. 1 temperature on load (the shards
+    hold them at the content encoder's trained 0.1).
+
     ``batch(rng, batch_size, segment_frames)`` -> dict of numpy arrays: ``units`` (B, S, K) float32,
     ``f0_hz`` (B, 2S) float32, ``audio`` (B, 320 S) float32 in [-1, 1], ``speaker`` (B,) int64 rows of
     ``embeddings`` (n_speakers, D) float32. Utterances shorter than a segment are zero-padded (silence,
     unvoiced) at the end.
     """
 
-    def __init__(self, shard_dir: str | Path, shards: list[str] | None = None, verify: bool = False) -> None:
+    def __init__(self, shard_dir: str | Path, shards: list[str] | None = None, verify: bool = False,
+                 units_temperature: float | None = None) -> None:
         shard_dir = Path(shard_dir)
         manifest = json.loads((shard_dir / "manifest.json").read_text())
         if manifest.get("format") != SHARD_FORMAT:
@@ -180,12 +184,18 @@ class ShardDataset:
                 frames.append(z["frames"])
                 speaker.append(z["speaker"])
         self.units = np.concatenate(units)
+        if units_temperature is not None:  # the shards hold the content encoder's trained temperature
+            from rtanon.content.stream import sharpen_units
+
+            self.units = np.concatenate([sharpen_units(self.units[i:i + 65536], units_temperature)
+                                         for i in range(0, len(self.units), 65536)]).astype(np.float16)
         self.f0_hz = np.concatenate(f0)
         self.audio = np.concatenate(audio)
         self.frames = np.concatenate(frames).astype(np.int64)
         self.speaker = np.concatenate(speaker).astype(np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(self.frames)[:-1]))
         self.shard_files = [e["file"] for e in entries]
+        self.units_temperature = 0.1 if units_temperature is None else float(units_temperature)
 
     def __len__(self) -> int:
         return int(self.frames.shape[0])
@@ -328,9 +338,9 @@ def load_generator(path: str | Path, device: str = "cpu"):
 def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, device: str | None = None,
                   resume: bool = True, max_steps: int | None = None,
                   speaker_augment: SpeakerAugment | None = None,
-                  on_log: Callable[[dict], None] | None = None) -> dict:
+                  on_log: Callable[[dict], None] | None = None, max_minutes: float | None = None) -> dict:
     """Trains (or resumes training of) the vocoder until ``config.steps`` (or ``max_steps`` more steps
-    in this call). Returns the last log record. See the module docstring for the run directory."""
+    in this call, or until ``max_minutes`` of wall clock, with a checkpoint). Returns the last log record. See the module docstring for the run directory."""
     import torch
 
     from rtanon.neural.discriminators import Discriminators
@@ -398,7 +408,11 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     ctx = config.context_frames * HOP_SAMPLES
     record: dict = {}
     log = open(run_dir / "train.log", "a")
-    t_last = time.perf_counter()
+    t_last = t_start = time.perf_counter()
+    if data.units_temperature != config.vocoder.units_temperature:
+        raise ConfigError(f"the dataset's units are at temperature {data.units_temperature}, the vocoder config "
+                          f"says {config.vocoder.units_temperature}; load the shards with "
+                          "ShardDataset(..., units_temperature=config.vocoder.units_temperature)")
     try:
         gen.train()
         disc.train()
@@ -464,8 +478,11 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                 log.flush()
                 if on_log:
                     on_log(record)
-            if step % config.checkpoint_every == 0 or step == end:
+            out_of_time = max_minutes is not None and time.perf_counter() - t_start > 60.0 * max_minutes
+            if step % config.checkpoint_every == 0 or step == end or out_of_time:
                 save(step)
+            if out_of_time:
+                break
     finally:
         log.close()
     return record
@@ -497,6 +514,12 @@ def main(argv: list[str] | None = None) -> None:
                                                           "speaker_dim come from the shards)")
     ap.add_argument("--discriminator-config", default="{}", help="DiscriminatorConfig fields as JSON")
     ap.add_argument("--blend-prob", type=float, default=0.0, help="embedding-blending probability (0 = off)")
+    ap.add_argument("--units-temperature", type=float, default=0.05,
+                    help="Eq. 1 temperature the soft units are sharpened to (the content encoder's default for "
+                         "the neural method; 0.1 = as stored)")
+    ap.add_argument("--learning-rate", type=float, default=TrainConfig.learning_rate)
+    ap.add_argument("--max-minutes", type=float, help="stop (with a checkpoint) after this many minutes")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--seed", type=int, default=TrainConfig.seed)
     a = ap.parse_args(argv)
@@ -504,20 +527,27 @@ def main(argv: list[str] | None = None) -> None:
     def tuplify(v):
         return tuple(tuplify(x) for x in v) if isinstance(v, list) else v
 
-    data = ShardDataset(a.shards, a.shard_files.split(",") if a.shard_files else None)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    data = ShardDataset(a.shards, a.shard_files.split(",") if a.shard_files else None,
+                        units_temperature=a.units_temperature)
     vkw = {k: tuplify(v) for k, v in json.loads(a.vocoder_config).items()}
-    vkw.update(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]))
+    vkw.update(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
+               units_temperature=data.units_temperature)
     dkw = {k: tuplify(v) for k, v in json.loads(a.discriminator_config).items()}
     config = replace(TrainConfig(), vocoder=VocoderConfig(**vkw), discriminators=DiscriminatorConfig(**dkw),
                      steps=a.steps, batch_size=a.batch_size, segment_frames=a.segment_frames,
                      context_frames=a.context_frames,
                      checkpoint_every=a.checkpoint_every, log_every=a.log_every,
-                     adversarial_start_step=a.adversarial_start_step, seed=a.seed)
+                     adversarial_start_step=a.adversarial_start_step, seed=a.seed,
+                     learning_rate=a.learning_rate)
     print(f"{len(data)} utterances, {data.total_seconds / 3600:.2f} h from {len(data.shard_files)} shard(s); "
           f"{data.embeddings.shape[0]} speakers", flush=True)
     augment = BlendWithOtherSpeaker(prob=a.blend_prob) if a.blend_prob > 0 else None
     last = train_vocoder(config, data, a.run, device=a.device, max_steps=a.max_steps, speaker_augment=augment,
-                         on_log=lambda r: print(json.dumps(r), flush=True))
+                         on_log=lambda r: print(json.dumps(r), flush=True), max_minutes=a.max_minutes)
     print(f"stopped at step {last.get('step')}; generator: {Path(a.run) / 'generator.pt'}")
 
 

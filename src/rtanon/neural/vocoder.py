@@ -47,9 +47,10 @@ order (:attr:`CausalNsfHifiGan.state_shapes`).
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -80,6 +81,9 @@ class VocoderConfig:
 
     units_dim: int = 128
     speaker_dim: int = 256
+    #: Eq. 1 temperature of the soft units the vocoder is trained on and must be fed (metadata: the graph
+    #: does not use it; see ``rtanon.content.stream.sharpen_units``).
+    units_temperature: float = 0.1
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8
@@ -431,4 +435,16 @@ def export_onnx(model: CausalNsfHifiGan, path: str | Path, frames: int = 1, opse
         warnings.simplefilter("ignore")
         torch.onnx.export(_Step(m), args, str(path), input_names=inputs, output_names=outputs,
                           dynamic_axes=dyn, opset_version=opset, dynamo=False, do_constant_folding=True)
+    _set_metadata(path, {"rtanon_vocoder_config": json.dumps(asdict(cfg))})
     return path
+
+
+def _set_metadata(path: Path, entries: dict[str, str]) -> None:
+    """Stores ``entries`` in the graph's metadata (read back with ONNX Runtime's ``custom_metadata_map``)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for key, value in entries.items():
+        prop = model.metadata_props.add()
+        prop.key, prop.value = key, value
+    onnx.save(model, str(path))

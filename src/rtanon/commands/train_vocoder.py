@@ -1,0 +1,98 @@
+"""``rtanon train vocoder --data DIR [DIR ...] --out DIR``: the causal NSF-HiFi-GAN of the neural method."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from rtanon.neural.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser(
+        "vocoder", help="causal NSF-HiFi-GAN vocoder on content units, F0 and speaker embeddings",
+        description="Extracts features once into OUT/shards (the shipped content encoder's soft units, the "
+                    "rtanon F0 track, one speaker embedding per training speaker from the speaker pool or "
+                    "resemblyzer), then trains the vocoder from OUT/generator.pt when it exists (resumable; "
+                    "checkpoints every --checkpoint-every steps) and exports OUT/vocoder.onnx. To ship the "
+                    "result, copy OUT/generator.pt and OUT/vocoder.onnx to src/rtanon/models/neural/. "
+                    "Never train on the evaluation split (so762_dev): such directories are refused.",
+        epilog="example: rtanon train vocoder --data ../shared/data/so762_train ../shared/data/libri_clips "
+               "--out runs/vocoder --init src/rtanon/models/neural/generator.pt --max-minutes 60")
+    p.add_argument("--data", nargs="+", required=True, type=Path, metavar="DIR",
+                   help="Kaldi-style training directories (e.g. so762_train libri_clips)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help="run directory: shards/, generator.pt, trainer.pt, train.log, vocoder.onnx")
+    p.add_argument("--shards", type=Path, metavar="DIR", help="use these feature shards (default: OUT/shards, "
+                                                              "built when missing)")
+    p.add_argument("--init", type=Path, metavar="CKPT",
+                   help="start from these generator weights (e.g. the shipped generator.pt) when OUT has none")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"total steps of the run (default {d.steps})")
+    p.add_argument("--max-minutes", type=float, help="stop this call after this many minutes, with a checkpoint")
+    p.add_argument("--batch-size", type=int, default=8, help="segments per step (default 8; 16 on a GPU)")
+    p.add_argument("--segment-frames", type=int, default=32, help="frames of 20 ms per segment (default 32)")
+    p.add_argument("--adversarial-start-step", type=int, default=None,
+                   help="step at which the MPD/MSD adversarial and feature-matching losses join (default: "
+                        "never on CPU, where they cost ~10x per step; 0 on CUDA)")
+    p.add_argument("--learning-rate", type=float, default=5e-4, help="AdamW learning rate (default 5e-4)")
+    p.add_argument("--units-temperature", type=float, default=0.05,
+                   help="Eq. 1 temperature of the soft units (default 0.05; the neural method feeds the same)")
+    p.add_argument("--blend-prob", type=float, default=0.2,
+                   help="probability of blending a segment's speaker embedding with another's (default 0.2)")
+    p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dataclasses import replace
+
+    import torch
+
+    from rtanon.errors import CliError
+    from rtanon.neural.features import build_shards, default_extractors
+    from rtanon.neural.train import BlendWithOtherSpeaker, ShardDataset, TrainConfig, load_generator, train_vocoder
+    from rtanon.neural.vocoder import VocoderConfig, export_onnx
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shards = args.shards or args.out / "shards"
+    if not (shards / "manifest.json").exists():
+        try:
+            build_shards(list(args.data), shards, default_extractors(), units_dim=128)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    data = ShardDataset(shards, units_temperature=args.units_temperature)
+    args.out.mkdir(parents=True, exist_ok=True)
+    vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
+                            units_temperature=data.units_temperature)
+    if args.init and not (args.out / "generator.pt").exists():
+        init = load_generator(args.init)
+        vocoder = init.config
+        if vocoder.units_temperature != data.units_temperature:
+            raise CliError(f"--init {args.init} was trained on units at temperature {vocoder.units_temperature}; "
+                           f"pass --units-temperature {vocoder.units_temperature}")
+        shutil.copyfile(args.init, args.out / "generator.pt")
+    adv = args.adversarial_start_step
+    if adv is None:
+        adv = 0 if device.startswith("cuda") else 10**9
+    config = replace(TrainConfig(), vocoder=vocoder, steps=args.steps, batch_size=args.batch_size,
+                     segment_frames=args.segment_frames, adversarial_start_step=adv,
+                     learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(f"{len(data)} utterances, {data.total_seconds / 3600:.2f} h, {data.embeddings.shape[0]} speakers; "
+          f"training on {device}; log: {args.out / 'train.log'}", flush=True)
+    augment = BlendWithOtherSpeaker(prob=args.blend_prob) if args.blend_prob > 0 else None
+    last = train_vocoder(config, data, args.out, device=device, speaker_augment=augment,
+                         max_minutes=args.max_minutes, on_log=lambda r: print(json.dumps(r), flush=True))
+    onnx_path = export_onnx(load_generator(args.out / "generator.pt"), args.out / "vocoder.onnx")
+    print(f"stopped at step {last.get('step')}; weights {args.out / 'generator.pt'}, graph {onnx_path}")
+    return 0

@@ -1,0 +1,208 @@
+"""The neural voice: content units + mapped F0 + pseudo-speaker -> causal NSF-HiFi-GAN.
+
+``NeuralVoiceModel`` is the shared part (built once per Anonymizer): the
+content encoder's ONNX Runtime session, the vocoder backend and the identity
+machinery. ``NeuralVoiceStage`` is one session's stage (the usual contract:
+``process(chunk)``, ``reset()``, ``hop``, ``latency_samples``). Per chunk it
+
+1. runs the causal content encoder (soft units at 50 Hz, sharpened to the
+   temperature the vocoder was trained on),
+2. runs the streaming F0 tracker (100 Hz, 20 ms lookahead) and maps each
+   voiced value to the pseudo-speaker's F0 quantiles with the online
+   percentile mapping (:class:`rtanon.f0.convert.StreamingPitchConverter`),
+3. vocodes every 20 ms frame whose units and both F0 values are known, with
+   the session's fixed pseudo-speaker embedding,
+
+and returns ``hop`` samples from an output queue that starts with
+``latency_samples`` of silence. Frame ``t`` (samples ``[320 t, 320 t + 320)``)
+needs F0 frame ``2 t + 1``; the tracker delivers frame ``k`` in the chunk
+that contains sample ``160 (k + L)`` (``L`` = its ``latency_frames``, 2), so
+frame ``t`` can be vocoded once the input reaches ``320 t + 320 + 160 L``,
+rounded up to a whole chunk. The stage delay is the largest wait that
+implies (:func:`stage_delay_samples`): 20 ms for 20 and 40 ms chunks, 30 ms
+for 10 and 30 ms chunks, so the engine's algorithmic latency is 40 ms with
+20 ms chunks.
+
+The audio is the vocoder's, made from units, pitch and the pseudo-speaker:
+no input sample reaches the output. What the user sounds like is never
+stored: the session keeps only the pseudo-speaker.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from rtanon.config import ConfigError, NeuralConfig
+from rtanon.stages.base import check_chunk
+
+FRAME_SAMPLES = 320
+F0_HOP_SAMPLES = 160
+PACKAGED_DIR = ("models", "neural")
+PACKAGED_ONNX = "vocoder.onnx"
+PACKAGED_CHECKPOINT = "generator.pt"
+#: ONNX metadata key holding the vocoder's config (JSON), written by ``export_onnx``.
+CONFIG_METADATA_KEY = "rtanon_vocoder_config"
+
+
+class VocoderMissing(FileNotFoundError):
+    """No vocoder weights where they were looked for; the message says how to get some."""
+
+
+@contextmanager
+def packaged_path(name: str) -> Iterator[Path]:
+    ref = resources.files("rtanon").joinpath(*PACKAGED_DIR, name)
+    with resources.as_file(ref) as p:
+        if not p.exists():
+            raise VocoderMissing(f"this rtanon has no trained neural vocoder ({'/'.join((*PACKAGED_DIR, name))} is "
+                                 "missing): use --method mcadams, or train one with `rtanon train vocoder`")
+        yield p
+
+
+def read_onnx_config(onnx_path: str | Path) -> dict:
+    """The vocoder config stored in an exported graph's metadata ({} for graphs without it)."""
+    import onnxruntime as ort
+
+    meta = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).get_modelmeta()
+    raw = meta.custom_metadata_map.get(CONFIG_METADATA_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def stage_delay_samples(hop: int, f0_latency_frames: int) -> int:
+    """The smallest output delay at which every vocoder frame is ready before it is played (see the module
+    docstring): ``max_t ceil(R_t / hop) * hop - hop - 320 t`` with ``R_t = 320 t + 320 + 160 L``."""
+    period = np.lcm(hop, FRAME_SAMPLES) // FRAME_SAMPLES
+    ready = [FRAME_SAMPLES * t + FRAME_SAMPLES + F0_HOP_SAMPLES * f0_latency_frames for t in range(period + 1)]
+    return max(-(-r // hop) * hop - hop - FRAME_SAMPLES * t for t, r in enumerate(ready))
+
+
+class NeuralVoiceModel:
+    """Shared, read-only models of the neural method (thread-safe to share between sessions)."""
+
+    def __init__(self, config: NeuralConfig | None = None) -> None:
+        from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig
+        from rtanon.identity.speaker import IdentityModel
+        from rtanon.neural.backends import make_backend
+
+        self.config = config or NeuralConfig()
+        self.config.validate()
+        cfg = self.config
+        if cfg.backend == "torch":
+            from rtanon.neural.train import load_generator
+
+            device = cfg.device if cfg.device != "auto" else _auto_device()
+            if cfg.vocoder_checkpoint:
+                model = load_generator(cfg.vocoder_checkpoint, device)
+            else:
+                with packaged_path(PACKAGED_CHECKPOINT) as p:
+                    model = load_generator(p, device)
+            self.vocoder_config = asdict(model.config)
+            self.backend = make_backend("torch", model=model.folded(), device=device)
+        else:
+            if cfg.vocoder_onnx:
+                onnx_path = Path(cfg.vocoder_onnx)
+                if not onnx_path.exists():
+                    raise VocoderMissing(f"{onnx_path}: no such vocoder graph")
+                self._build_onnx(onnx_path)
+            else:
+                with packaged_path(PACKAGED_ONNX) as p:
+                    self._build_onnx(p)
+        temperature = float(self.vocoder_config.get("units_temperature", 0.1))
+        self.content = ContentEncoderModel(config=ContentStreamConfig(temperature=temperature))
+        if self.content.n_units != int(self.vocoder_config.get("units_dim", self.content.n_units)):
+            raise ConfigError(f"the vocoder expects {self.vocoder_config['units_dim']} content units, the content "
+                              f"encoder gives {self.content.n_units}: retrain the vocoder on this encoder's units")
+        self.identities = IdentityModel()
+
+    def _build_onnx(self, path: Path) -> None:
+        from rtanon.neural.backends import make_backend
+
+        cfg = self.config
+        self.vocoder_config = read_onnx_config(path)
+        if cfg.backend == "tensorrt":
+            self.backend = make_backend("tensorrt", onnx_path=path)
+        else:
+            self.backend = make_backend("onnxruntime", onnx_path=path, device=cfg.device, threads=cfg.threads)
+
+    def new_identity(self, rng: np.random.Generator):
+        """A fresh pseudo-speaker for one session (``strategy`` and ``gender`` from the config)."""
+        return self.identities.new_identity(self.config.strategy, gender=self.config.gender, rng=rng)
+
+    def open_stream(self, hop: int, identity, rng: np.random.Generator) -> "NeuralVoiceStage":
+        return NeuralVoiceStage(self, hop, identity, rng)
+
+
+def _auto_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class NeuralVoiceStage:
+    """One session's neural voice (see the module docstring). ``identity`` is a
+    :class:`rtanon.identity.speaker.PseudoSpeaker`; ``rng`` drives the vocoder's noise."""
+
+    def __init__(self, model: NeuralVoiceModel, hop: int, identity, rng: np.random.Generator) -> None:
+        from rtanon.f0.convert import PitchConversionConfig, StreamingPitchConverter, TargetPitch
+        from rtanon.f0.tracker import F0Tracker
+        from rtanon.neural.backends import VocoderStream
+
+        if hop <= 0 or hop % F0_HOP_SAMPLES:
+            raise ValueError(f"hop={hop}: use a multiple of {F0_HOP_SAMPLES} samples (10 ms at 16 kHz)")
+        self._hop = hop
+        self.identity = identity
+        self.content = model.content.open_stream(hop)
+        self.f0 = F0Tracker(hop=hop)
+        self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
+                                             PitchConversionConfig(method=model.config.pitch_method))
+        self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
+        self._delay = stage_delay_samples(hop, self.f0.latency_frames)
+        self.underruns = 0
+        self.reset()
+
+    @property
+    def hop(self) -> int:
+        return self._hop
+
+    @property
+    def latency_samples(self) -> int:
+        return self._delay
+
+    def reset(self) -> None:
+        self.content.reset()
+        self.f0.reset()
+        self.pitch.reset()
+        self.vocoder.reset()
+        self._units = np.zeros((0, self.content.model.n_units), np.float32)
+        self._f0 = np.zeros(0, np.float32)
+        self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
+        self._out = np.zeros(self._delay, np.float32)
+
+    def process(self, chunk: np.ndarray) -> np.ndarray:
+        check_chunk(chunk, self._hop, "NeuralVoiceStage.process")
+        units = self.content.process(chunk)
+        f0 = self.f0.process(chunk)
+        if self._f0_skip:
+            drop = min(self._f0_skip, f0.shape[0])
+            f0, self._f0_skip = f0[drop:], self._f0_skip - drop
+        if f0.shape[0]:  # one frame at a time, so any chunking maps every frame alike
+            mapped = [self.pitch.process(f0[i:i + 1]) for i in range(f0.shape[0])]
+            self._f0 = np.concatenate([self._f0, *[m.astype(np.float32) for m in mapped]])
+        if units.shape[0]:
+            self._units = np.concatenate([self._units, units])
+        n = min(self._units.shape[0], self._f0.shape[0] // 2)
+        if n:
+            audio = self.vocoder.process(self._units[:n], self._f0[:2 * n])
+            self._units, self._f0 = self._units[n:], self._f0[2 * n:]
+            self._out = np.concatenate([self._out, audio])
+        if self._out.shape[0] < self._hop:  # cannot happen with the stated delay; never emit input
+            self.underruns += 1
+            self._out = np.concatenate([self._out, np.zeros(self._hop - self._out.shape[0], np.float32)])
+        y, self._out = self._out[:self._hop], self._out[self._hop:]
+        return y

@@ -1,0 +1,131 @@
+"""The ``neural`` method: the per-session stage, its alignment and latency, and the engine around it.
+
+These tests run on a randomly initialised vocoder exported to ONNX (the behaviour under test does not
+depend on the weights); the shipped weights, when present, get a test of their own."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+from rtanon.config import AnonymizerConfig, NeuralConfig  # noqa: E402
+from rtanon.engine import Anonymizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def random_vocoder(tmp_path_factory):
+    import torch
+
+    from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
+
+    torch.manual_seed(0)
+    model = CausalNsfHifiGan(VocoderConfig(units_temperature=0.05))
+    return export_onnx(model, tmp_path_factory.mktemp("voc") / "vocoder.onnx")
+
+
+@pytest.fixture(scope="module")
+def model(random_vocoder):
+    from rtanon.stages.neural import NeuralVoiceModel
+
+    return NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(random_vocoder)))
+
+
+@pytest.fixture(scope="module")
+def identity(model):
+    return model.new_identity(np.random.default_rng(1))
+
+
+def _run_stage(model, identity, x: np.ndarray, hop: int) -> np.ndarray:
+    stage = model.open_stream(hop, identity, np.random.default_rng(7))
+    n = len(x) // hop * hop
+    return np.concatenate([stage.process(x[i:i + hop]) for i in range(0, n, hop)])
+
+
+def test_content_temperature_comes_from_the_vocoder(model):
+    assert model.vocoder_config["units_temperature"] == 0.05
+    assert model.content.config.temperature == 0.05
+
+
+def test_any_chunking_gives_the_same_audio(model, identity, speech):
+    x = speech[:16000 * 2]  # 2 s, a multiple of 640
+    outs, delays = {}, {}
+    for hop in (160, 320, 480, 640):
+        outs[hop] = _run_stage(model, identity, x, hop)
+        delays[hop] = model.open_stream(hop, identity, np.random.default_rng(7)).latency_samples
+        assert not outs[hop][:delays[hop]].any()  # silence until the first frame is ready
+    assert delays == {160: 480, 320: 320, 480: 480, 640: 320}
+    aligned = {hop: o[delays[hop]:] for hop, o in outs.items()}
+    n = min(len(o) for o in aligned.values())
+    for hop in (160, 480, 640):
+        np.testing.assert_allclose(aligned[hop][:n], aligned[320][:n], atol=1e-4, err_msg=f"hop {hop}")
+
+
+def test_stream_equals_offline_pipeline_with_stated_delay(model, identity, speech):
+    """Streaming parity: the stage's output equals the offline pipeline (whole-utterance content encoder, F0
+    track, the same frame-by-frame pitch mapping, one vocoder call) delayed by ``latency_samples``."""
+    from rtanon.content.stream import sharpen_units
+    from rtanon.f0.convert import PitchConversionConfig, StreamingPitchConverter, TargetPitch
+    from rtanon.f0.tracker import track
+
+    x = speech[:16000 * 2]
+    hop = 320
+    streamed = _run_stage(model, identity, x, hop)
+    stage = model.open_stream(hop, identity, np.random.default_rng(7))
+    delay = stage.latency_samples
+    assert delay == 320
+
+    units = sharpen_units(model.content.run(x, model.content.init_state())[0], 0.05)
+    conv = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
+                                   PitchConversionConfig(method="percentile"))
+    f0 = np.concatenate([conv.process(v[None]) for v in track(x)]).astype(np.float32)
+    frames = min(units.shape[0], f0.shape[0] // 2)
+    rng = np.random.default_rng(7)
+    noise = rng.standard_normal((1, 320 * frames), dtype=np.float32)
+    backend = model.backend
+    offline, _ = backend.step(units[None, :frames], f0[None, :2 * frames], identity.embedding[None].astype(np.float32),
+                              noise, backend.init_state(1))
+    offline = offline[0]
+    np.testing.assert_array_equal(streamed[:delay], 0.0)  # the first 20 ms are silence, never input
+    m = min(len(streamed) - delay, len(offline))
+    assert m > 16000
+    np.testing.assert_allclose(streamed[delay:delay + m], offline[:m], atol=1e-4)
+
+
+def test_engine_session_latency_voice_and_length(random_vocoder, speech):
+    cfg = replace(AnonymizerConfig(), method="neural", neural=NeuralConfig(vocoder_onnx=str(random_vocoder)))
+    anon = Anonymizer(cfg)
+    s1, s2 = anon.open_session(), anon.open_session()
+    assert s1.algorithmic_latency_samples == 320 + 320  # 20 ms chunk + 20 ms (F0 lookahead of the last frame)
+    assert s1.voice["method"] == "neural"
+    # privacy by default: every session draws its own pseudo-speaker
+    assert not np.allclose(s1.stages[0].identity.embedding, s2.stages[0].identity.embedding)
+    y = s1.process_signal(speech)
+    assert y.shape == speech.shape and np.isfinite(y).all()
+    assert s1.counters.stage_errors == 0 and s1.stages[0].underruns == 0
+
+
+def test_pinned_identity_is_used(random_vocoder, model, identity):
+    cfg = replace(AnonymizerConfig(), method="neural", neural=NeuralConfig(vocoder_onnx=str(random_vocoder)))
+    s = Anonymizer(cfg).open_session(identity=identity)
+    np.testing.assert_array_equal(s.stages[0].identity.embedding, identity.embedding)
+    assert s.voice["median_f0_hz"] == round(identity.median_f0_hz, 1)
+
+
+def test_missing_vocoder_is_a_clear_error(tmp_path):
+    from rtanon.stages.neural import NeuralVoiceModel, VocoderMissing
+
+    with pytest.raises(VocoderMissing, match="no such vocoder"):
+        NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(tmp_path / "none.onnx")))
+
+
+def test_bad_neural_settings_are_rejected():
+    from rtanon.config import ConfigError
+
+    for bad in (dict(backend="cuda"), dict(strategy="near"), dict(pitch_method="octave"), dict(gender="x")):
+        with pytest.raises(ConfigError):
+            NeuralConfig(**bad).validate()
