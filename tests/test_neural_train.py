@@ -153,3 +153,21 @@ def test_command_line_trains_from_shards(shard_dir, tmp_path, capsys):
     assert "7 utterances" in out and "stopped at step 2" in out
     model = load_generator(tmp_path / "run" / "generator.pt")
     assert model.config.units_dim == K and model.config.speaker_dim == D
+
+
+def test_rtanon_train_vocoder_trains_resumes_and_exports(shard_dir, tmp_path, capsys):
+    """``rtanon train vocoder`` on ready shards: trains, resumes from its own checkpoint and exports the
+    graph with the config the neural method reads (the soft-unit temperature)."""
+    from rtanon.cli import main
+    from rtanon.stages.neural import read_onnx_config
+
+    run = tmp_path / "run"
+    argv = ["train", "vocoder", "--data", str(shard_dir), "--shards", str(shard_dir), "--out", str(run),
+            "--batch-size", "1", "--segment-frames", "8", "--device", "cpu", "--checkpoint-every", "1"]
+    assert main([*argv, "--steps", "1"]) == 0
+    assert main([*argv, "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "stopped at step 1" in out and "stopped at step 2" in out
+    assert [json.loads(x)["step"] for x in (run / "train.log").read_text().splitlines()] == [1, 2]
+    meta = read_onnx_config(run / "vocoder.onnx")
+    assert meta["units_temperature"] == 0.05 and meta["units_dim"] == K and meta["speaker_dim"] == D

@@ -61,14 +61,26 @@ def bench_compute(anonymizer: Anonymizer, signal: np.ndarray) -> dict:
         session.process(c)
     session.times.by_stage.clear()
     session.times.total.clear()
+    parts = [s for s in session.stages if hasattr(s, "part_times")]
+    for s in parts:
+        s.part_times = {}
     for c in chunks[WARMUP_CHUNKS:]:
         session.process(c)
+    if session.counters.stage_errors:  # the session played comfort noise: these timings would mean nothing
+        raise RuntimeError(f"{session.counters.stage_errors} chunks failed in the benchmark session "
+                           f"(last: {session.counters.last_error})")
     audio_s = (chunks.shape[0] - WARMUP_CHUNKS) * n / SAMPLE_RATE_HZ
     stage_lat = {"vad": session.vad.latency_samples}
     stage_lat.update({type(s).__name__: s.latency_samples for s in session.stages})
     stages = {name: {"latency_ms": 1000.0 * stage_lat.get(name, 0) / SAMPLE_RATE_HZ, **_stats(ns, audio_s)}
               for name, ns in session.times.by_stage.items()}
-    return {"method": anonymizer.config.method, "chunk_ms": anonymizer.config.stream.chunk_ms,
+    for s in parts:  # sub-parts of a composite stage (the neural voice), indented under it
+        stages.update({f"  {name}": {"latency_ms": 0.0, **_stats(ns, audio_s)} for name, ns in s.part_times.items()})
+    extra = {}
+    if anonymizer.config.method == "neural":
+        extra = {"backend": anonymizer.config.neural.backend,
+                 "device": getattr(anonymizer.method.model.backend, "device", anonymizer.config.neural.device)}
+    return {"method": anonymizer.config.method, **extra, "chunk_ms": anonymizer.config.stream.chunk_ms,
             "audio_s": audio_s, "buffering_ms": 1000.0 * n / SAMPLE_RATE_HZ,
             "algorithmic_latency_ms": 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ,
             **_stats(session.times.total, audio_s), "stages": stages}

@@ -44,6 +44,8 @@ def run(args) -> int:
     else:
         result = bench.bench_compute(Anonymizer(config), signal)
         title = f"method {result['method']}"
+        if "backend" in result:
+            title += f" (vocoder backend {result['backend']} on {result['device']})"
     if args.e2e:
         if args.stage is not None:
             raise CliError("--e2e measures a whole method; drop --stage")

@@ -66,9 +66,12 @@ def log_mel(audio: np.ndarray) -> np.ndarray:
     return np.log(m + 1e-6).T
 
 
-def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None) -> dict:
+def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None,
+             temperatures: tuple[float, ...] = ()) -> dict:
+    """Teacher agreement and speaker information left (see the module docstring); ``temperatures`` adds
+    the soft units sharpened to each Eq. 1 temperature (``sharpen_units``) to the speaker-ID table."""
     from rtanon.content.features import CorpusCache, assign_units
-    from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig
+    from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig, sharpen_units
 
     cache = CorpusCache.load(Path(cache_dir))
     km = dict(np.load(kmeans))
@@ -83,6 +86,7 @@ def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None) -> di
     feats = {"log-mel (80)": [], "teacher Whisper features (384)": [], "teacher hard units (one-hot)": [],
              "student soft units p (K)": [], "student projection z (D)": [],
              "student unit-norm projection z/|z| (D)": []}
+    feats.update({f"student soft units p (K) at temperature {t:g}": [] for t in temperatures})
     for i in range(len(cache.utts)):
         n = int(cache.frame_len[i])
         if n < 5:
@@ -101,6 +105,8 @@ def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None) -> di
         feats["student soft units p (K)"].append(probs)
         feats["student projection z (D)"].append(z)
         feats["student unit-norm projection z/|z| (D)"].append(z / np.linalg.norm(z, axis=1, keepdims=True))
+        for t in temperatures:
+            feats[f"student soft units p (K) at temperature {t:g}"].append(sharpen_units(probs, t))
     spk = [cache.spk[i] for i in range(len(cache.utts)) if cache.frame_len[i] >= 5]
     counts = np.bincount(units.astype(np.int64), minlength=k)
     result = {
@@ -118,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, required=True, help="cache dir of the evaluation split (so762_dev)")
     ap.add_argument("--kmeans", type=Path, required=True, help="kmeans_K<k>.npz fitted on the training data")
     ap.add_argument("--onnx", type=Path, default=None, help="ONNX encoder (default: the packaged model)")
+    ap.add_argument("--temperatures", type=float, nargs="*", default=[0.05, 0.025],
+                    help="also measure the soft units sharpened to these temperatures (default 0.05 0.025)")
     args = ap.parse_args(argv)
-    r = evaluate(args.cache, args.kmeans, args.onnx)
+    r = evaluate(args.cache, args.kmeans, args.onnx, tuple(args.temperatures))
     print(f"{r['utterances']} utterances, {r['speakers']} speakers, {r['frames']} frames of 20 ms, K={r['n_units']}")
     print(f"teacher agreement: top-1 {r['agreement_top1']:.3f}, top-5 {r['agreement_top5']:.3f} "
           f"(most frequent unit: {r['most_frequent_unit_share']:.3f})")

@@ -31,6 +31,7 @@ stored: the session keeps only the pseudo-speaker.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from contextlib import contextmanager
 from importlib import resources
@@ -103,7 +104,7 @@ class NeuralVoiceModel:
                 with packaged_path(PACKAGED_CHECKPOINT) as p:
                     model = load_generator(p, device)
             self.vocoder_config = asdict(model.config)
-            self.backend = make_backend("torch", model=model.folded(), device=device)
+            self.backend = make_backend("torch", model=model, device=device, threads=cfg.threads)
         else:
             if cfg.vocoder_onnx:
                 onnx_path = Path(cfg.vocoder_onnx)
@@ -164,6 +165,8 @@ class NeuralVoiceStage:
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
         self._delay = stage_delay_samples(hop, self.f0.latency_frames)
         self.underruns = 0
+        #: set to {} to collect per-part compute times (ns) of every call: content, f0, vocoder
+        self.part_times: dict[str, list[int]] | None = None
         self.reset()
 
     @property
@@ -186,7 +189,9 @@ class NeuralVoiceStage:
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
         check_chunk(chunk, self._hop, "NeuralVoiceStage.process")
+        t0 = time.perf_counter_ns()
         units = self.content.process(chunk)
+        t1 = time.perf_counter_ns()
         f0 = self.f0.process(chunk)
         if self._f0_skip:
             drop = min(self._f0_skip, f0.shape[0])
@@ -196,6 +201,7 @@ class NeuralVoiceStage:
             self._f0 = np.concatenate([self._f0, *[m.astype(np.float32) for m in mapped]])
         if units.shape[0]:
             self._units = np.concatenate([self._units, units])
+        t2 = time.perf_counter_ns()
         n = min(self._units.shape[0], self._f0.shape[0] // 2)
         if n:
             audio = self.vocoder.process(self._units[:n], self._f0[:2 * n])
@@ -205,4 +211,8 @@ class NeuralVoiceStage:
             self.underruns += 1
             self._out = np.concatenate([self._out, np.zeros(self._hop - self._out.shape[0], np.float32)])
         y, self._out = self._out[:self._hop], self._out[self._hop:]
+        if self.part_times is not None:
+            t3 = time.perf_counter_ns()
+            for name, ns in (("content", t1 - t0), ("f0+pitch", t2 - t1), ("vocoder", t3 - t2)):
+                self.part_times.setdefault(name, []).append(ns)
         return y
