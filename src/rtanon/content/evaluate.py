@@ -13,6 +13,11 @@
    (80 bins, 25/10 ms), on the teacher's Whisper features, on the student's
    soft units and projections. Lower accuracy = less speaker information.
 
+Choosing the temperature of the units the neural method uses must not look
+at so762_dev: ``--shards DIR`` measures the same speaker-ID figure on the
+training speakers' utterances from vocoder feature shards (``rtanon train
+vocoder`` writes them; the units there are the shipped encoder's at 0.1).
+
 Needs the cache written by ``rtanon train content`` (``features.build_cache``
 on the evaluation directory gives the teacher units for it) and scikit-learn.
 """
@@ -119,14 +124,44 @@ def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None,
     return result
 
 
+def speaker_id_on_shards(shard_dir: Path, temperatures: tuple[float, ...], speaker_prefix: str = "so") -> dict:
+    """Speaker-ID accuracy of pooled soft units (at 0.1 and each of ``temperatures``) over the utterances of
+    the shard speakers whose id starts with ``speaker_prefix`` (so762_train: 14 utterances each)."""
+    from rtanon.content.stream import sharpen_units
+    from rtanon.neural.train import ShardDataset
+
+    data = ShardDataset(shard_dir)
+    ids = np.asarray(data.manifest["speakers"])
+    keep = [i for i in range(len(data)) if str(ids[data.speaker[i]]).startswith(speaker_prefix)]
+    spk = [str(ids[data.speaker[i]]) for i in keep]
+    units = [data.units[data.offsets[i]:data.offsets[i] + data.frames[i]].astype(np.float32) for i in keep]
+    result = {"utterances": len(keep), "speakers": len(set(spk)), "speaker_id_accuracy": {}}
+    for t in (0.1, *temperatures):
+        result["speaker_id_accuracy"][f"soft units at temperature {t:g}"] = speaker_id_accuracy(
+            [sharpen_units(u, t) for u in units], spk)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rtanon.content.evaluate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache", type=Path, required=True, help="cache dir of the evaluation split (so762_dev)")
-    ap.add_argument("--kmeans", type=Path, required=True, help="kmeans_K<k>.npz fitted on the training data")
+    ap.add_argument("--cache", type=Path, help="cache dir of the evaluation split (so762_dev)")
+    ap.add_argument("--kmeans", type=Path, help="kmeans_K<k>.npz fitted on the training data")
+    ap.add_argument("--shards", type=Path, help="instead: speaker-ID of the units of the training speakers in these "
+                                                "vocoder feature shards, to choose the temperature")
     ap.add_argument("--onnx", type=Path, default=None, help="ONNX encoder (default: the packaged model)")
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.05, 0.025],
                     help="also measure the soft units sharpened to these temperatures (default 0.05 0.025)")
     args = ap.parse_args(argv)
+    if args.shards:
+        r = speaker_id_on_shards(args.shards, tuple(args.temperatures))
+        print(f"{r['utterances']} utterances of {r['speakers']} training speakers; speaker-ID accuracy "
+              f"(chance {1 / r['speakers']:.3f}):")
+        for name, acc in r["speaker_id_accuracy"].items():
+            print(f"| {name} | {acc:.3f} |")
+        print(json.dumps(r))
+        return 0
+    if args.cache is None or args.kmeans is None:
+        ap.error("give --cache and --kmeans (evaluation), or --shards (temperature choice on training speakers)")
     r = evaluate(args.cache, args.kmeans, args.onnx, tuple(args.temperatures))
     print(f"{r['utterances']} utterances, {r['speakers']} speakers, {r['frames']} frames of 20 ms, K={r['n_units']}")
     print(f"teacher agreement: top-1 {r['agreement_top1']:.3f}, top-5 {r['agreement_top5']:.3f} "

@@ -66,8 +66,9 @@ class ContentStreamConfig:
     ``temperature``: the Eq. 1 temperature of the soft units returned. The graph was trained at
     :data:`TRAINED_TEMPERATURE` (0.1); a lower value sharpens them after the fact (``p ** (0.1 / t)``,
     renormalised: :func:`sharpen_units`), which leaves the top unit unchanged and removes speaker
-    information (so762_train speakers, pooled-unit speaker-ID: 0.474 at 0.1, 0.378 at 0.05, 0.297 at
-    0.025). None means the trained value."""
+    information (so762_train speakers, pooled-unit speaker-ID: 0.477 at 0.1, 0.379 at 0.05, 0.303 at
+    0.025; ``python -m rtanon.content.evaluate --shards``). The neural method uses the temperature its
+    vocoder was trained on (0.05). None means the trained value."""
 
     output: str = "probs"
     threads: int = 1
