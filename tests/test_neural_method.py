@@ -36,6 +36,13 @@ def model(random_vocoder):
 
 
 @pytest.fixture(scope="module")
+def model_unscaled(random_vocoder):
+    from rtanon.stages.neural import NeuralVoiceModel
+
+    return NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(random_vocoder), match_loudness=False))
+
+
+@pytest.fixture(scope="module")
 def identity(model):
     return model.new_identity(np.random.default_rng(1))
 
@@ -65,9 +72,10 @@ def test_any_chunking_gives_the_same_audio(model, identity, speech):
         np.testing.assert_allclose(aligned[hop][:n], aligned[320][:n], atol=1e-4, err_msg=f"hop {hop}")
 
 
-def test_stream_equals_offline_pipeline_with_stated_delay(model, identity, speech):
+def test_stream_equals_offline_pipeline_with_stated_delay(model_unscaled, identity, speech):
     """Streaming parity: the stage's output equals the offline pipeline (whole-utterance content encoder, F0
     track, the same frame-by-frame pitch mapping, one vocoder call) delayed by ``latency_samples``."""
+    model = model_unscaled
     from rtanon.content.stream import sharpen_units
     from rtanon.f0.convert import PitchConversionConfig, StreamingPitchConverter, TargetPitch
     from rtanon.f0.tracker import track
@@ -94,6 +102,23 @@ def test_stream_equals_offline_pipeline_with_stated_delay(model, identity, speec
     m = min(len(streamed) - delay, len(offline))
     assert m > 16000
     np.testing.assert_allclose(streamed[delay:delay + m], offline[:m], atol=1e-4)
+
+
+def test_loudness_follows_the_input_frame_by_frame(model, model_unscaled, identity, speech):
+    x = speech[:16000 * 2]
+    scaled = _run_stage(model, identity, x, 320)[320:]
+    raw = _run_stage(model_unscaled, identity, x, 320)[320:]
+    n = len(scaled) // 320
+    rms = lambda a: np.sqrt(np.mean(np.square(a[:n * 320].reshape(n, 320)), axis=1))  # noqa: E731
+    r_in, r_raw, r_out = rms(x), rms(raw), rms(scaled)
+    # where the gain is not clipped (12 dB) the frame's energy is the input's (the ramp from the previous
+    # frame's gain blurs it a little); silence in gives silence out
+    ok = (r_in[1:] < 3.9 * r_raw[1:]) & (r_in[:-1] < 3.9 * r_raw[:-1]) & (r_in[1:] > 1e-3)
+    assert ok.sum() > 20
+    ratio = r_out[1:][ok] / r_in[1:][ok]
+    assert np.median(np.abs(20 * np.log10(ratio))) < 3.0
+    silent = np.zeros(16000, np.float32)
+    assert np.abs(_run_stage(model, identity, silent, 320)).max() == 0.0
 
 
 def test_engine_session_latency_voice_and_length(random_vocoder, speech):

@@ -60,7 +60,10 @@ def test_virtual_device_create_status_remove(daemon):
     assert "rtanon_mic" not in daemon.pactl("list", "short", "sources")
 
 
-def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_path, speech):
+@pytest.mark.parametrize("method", ["mcadams", "neural"])
+def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_path, speech, method):
+    if method == "neural":
+        pytest.importorskip("onnxruntime")
     env = daemon.env
     pad = np.zeros(RATE // 2, np.float32)
     played = np.concatenate((pad, speech, pad))
@@ -69,7 +72,8 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
     daemon.load_null_sink("fake_mic", RATE)
     assert _rtanon(env, "virtual-device", "create").returncode == 0
     live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:fake_mic.monitor",
-                             "--output", "rtanon", "--duration", str(played.shape[0] / RATE + 3.0), "--quiet"],
+                             "--output", "rtanon", "--duration", str(played.shape[0] / RATE + 3.0), "--quiet",
+                             "--method", method],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_running(live)
     rec = {}

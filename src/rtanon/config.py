@@ -102,7 +102,10 @@ class NeuralConfig:
     Runtime. A session without a pinned identity draws a fresh pseudo-speaker with ``strategy``
     ("gmm", paper 003, or a paper 000 proximity: random/dense/sparse) and ``gender`` (random/f/m).
     ``pitch_method``: percentile (default), log_gaussian or minmax (paper 000 Eq. 4-7).
-    ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones."""
+    ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones.
+    ``match_loudness``: scale each 20 ms vocoder frame to the input frame's RMS (gain at most
+    ``max_gain_db``, ramped across the frame), as RVC's volume-envelope mix does: quiet input stays quiet
+    and the level follows the speaker's, whatever level the vocoder renders at."""
 
     backend: str = "onnxruntime"
     device: str = "cpu"
@@ -112,8 +115,12 @@ class NeuralConfig:
     pitch_method: str = "percentile"
     vocoder_onnx: str | None = None
     vocoder_checkpoint: str | None = None
+    match_loudness: bool = True
+    max_gain_db: float = 12.0
 
     def validate(self) -> None:
+        if not 0.0 <= self.max_gain_db <= 40.0:
+            raise ConfigError(f"max_gain_db={self.max_gain_db}; use 0 to 40 dB")
         backends = ("onnxruntime", "torch", "tensorrt")
         if self.backend not in backends:
             raise ConfigError(f"neural backend {self.backend!r}; choose one of {backends}")

@@ -12,6 +12,8 @@ machinery. ``NeuralVoiceStage`` is one session's stage (the usual contract:
    percentile mapping (:class:`rtanon.f0.convert.StreamingPitchConverter`),
 3. vocodes every 20 ms frame whose units and both F0 values are known, with
    the session's fixed pseudo-speaker embedding,
+4. (``match_loudness``) scales each vocoded frame to the RMS of the input
+   frame it renders, the gain ramped linearly across the frame,
 
 and returns ``hop`` samples from an output queue that starts with
 ``latency_samples`` of silence. Frame ``t`` (samples ``[320 t, 320 t + 320)``)
@@ -164,6 +166,8 @@ class NeuralVoiceStage:
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
         self._delay = stage_delay_samples(hop, self.f0.latency_frames)
+        self._match = model.config.match_loudness
+        self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))
         self.underruns = 0
         #: set to {} to collect per-part compute times (ns) of every call: content, f0, vocoder
         self.part_times: dict[str, list[int]] | None = None
@@ -186,10 +190,31 @@ class NeuralVoiceStage:
         self._f0 = np.zeros(0, np.float32)
         self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
         self._out = np.zeros(self._delay, np.float32)
+        self._in_pending = np.zeros(0, np.float32)
+        self._in_rms = np.zeros(0, np.float32)
+        self._gain = 0.0
+
+    def _scale(self, audio: np.ndarray, n: int) -> np.ndarray:
+        """Frames of ``audio`` scaled to the RMS of the ``n`` input frames they render (gain ramped)."""
+        frames = audio.reshape(n, FRAME_SAMPLES)
+        out_rms = np.sqrt(np.mean(np.square(frames), axis=1))
+        target = np.minimum(self._in_rms[:n] / np.maximum(out_rms, 1e-6), self._max_gain)
+        self._in_rms = self._in_rms[n:]
+        gains = np.concatenate([[self._gain], target])
+        ramp = np.arange(1, FRAME_SAMPLES + 1, dtype=np.float32) / FRAME_SAMPLES
+        g = gains[:-1, None] + (gains[1:] - gains[:-1])[:, None] * ramp[None, :]
+        self._gain = float(gains[-1])
+        return (frames * g).astype(np.float32).reshape(-1)
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
         check_chunk(chunk, self._hop, "NeuralVoiceStage.process")
         t0 = time.perf_counter_ns()
+        if self._match:  # RMS of every completed 20 ms input frame, in the vocoder's frame grid
+            buf = np.concatenate([self._in_pending, chunk])
+            k = buf.shape[0] // FRAME_SAMPLES
+            rms = np.sqrt(np.mean(np.square(buf[:k * FRAME_SAMPLES].reshape(k, FRAME_SAMPLES)), axis=1))
+            self._in_rms = np.concatenate([self._in_rms, rms.astype(np.float32)])
+            self._in_pending = buf[k * FRAME_SAMPLES:]
         units = self.content.process(chunk)
         t1 = time.perf_counter_ns()
         f0 = self.f0.process(chunk)
@@ -206,6 +231,8 @@ class NeuralVoiceStage:
         if n:
             audio = self.vocoder.process(self._units[:n], self._f0[:2 * n])
             self._units, self._f0 = self._units[n:], self._f0[2 * n:]
+            if self._match:
+                audio = self._scale(audio, n)
             self._out = np.concatenate([self._out, audio])
         if self._out.shape[0] < self._hop:  # cannot happen with the stated delay; never emit input
             self.underruns += 1
