@@ -154,3 +154,18 @@ def test_bad_neural_settings_are_rejected():
     for bad in (dict(backend="cuda"), dict(strategy="near"), dict(pitch_method="octave"), dict(gender="x")):
         with pytest.raises(ConfigError):
             NeuralConfig(**bad).validate()
+
+
+def test_bench_reports_neural_parts_and_batched_streams(random_vocoder, speech):
+    from rtanon import bench
+
+    cfg = replace(AnonymizerConfig(), method="neural", neural=NeuralConfig(vocoder_onnx=str(random_vocoder)))
+    anon = Anonymizer(cfg)
+    result = bench.bench_compute(anon, speech[:16000])
+    assert result["backend"] == "onnxruntime" and result["algorithmic_latency_ms"] == 40.0
+    assert {"NeuralVoiceStage", "  content", "  f0+pitch", "  vocoder"} <= set(result["stages"])
+    streams = bench.bench_streams(anon, max_streams=2, calls=3)
+    assert [r["streams"] for r in streams["batches"]][0] == 1
+    assert all(r["step_p99_ms"] > 0 for r in streams["batches"])
+    with pytest.raises(ValueError, match="neural"):
+        bench.bench_streams(Anonymizer(AnonymizerConfig()), max_streams=1)

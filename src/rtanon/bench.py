@@ -215,3 +215,48 @@ def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0)
             "xcorr_mic_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_mic),
             "xcorr_anon_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_anon),
             "live_summary": live_out.strip().splitlines()[-1] if live_out.strip() else ""}
+
+
+def bench_streams(anonymizer: Anonymizer, max_streams: int = 64, calls: int = 200) -> dict:
+    """How many concurrent sessions one vocoder backend sustains when their 20 ms steps are batched.
+
+    For batch sizes 1, 2, 4, ... up to ``max_streams``, times ``calls`` streaming steps of one 20 ms frame
+    for the whole batch (random soft units, voiced F0, unit-norm speakers, explicit state carried) and
+    reports p50/p99 per call. A batch is real-time when its p99 stays under the frame (20 ms); the
+    largest such batch is ``max_realtime_streams``. Only the vocoder is batched: each session's content
+    encoder and F0 tracker run on the CPU either way (see the per-stage figures of ``bench_compute``)."""
+    from rtanon.neural.rates import HOP_SAMPLES
+
+    if anonymizer.config.method != "neural":
+        raise ValueError("--streams measures the neural method's vocoder; use --method neural")
+    backend = anonymizer.method.model.backend
+    k = int(anonymizer.method.model.vocoder_config.get("units_dim", 128))
+    s_dim = int(anonymizer.method.model.vocoder_config.get("speaker_dim", 256))
+    frame_ms = 1000.0 * HOP_SAMPLES / SAMPLE_RATE_HZ
+    rng = np.random.default_rng(0)
+    rows, best = [], 0
+    b = 1
+    while b <= max_streams:
+        units = rng.dirichlet(np.full(k, 0.1), size=(b, 1)).astype(np.float32)
+        f0 = np.full((b, 2), 140.0, np.float32)
+        spk = rng.standard_normal((b, s_dim)).astype(np.float32)
+        spk /= np.linalg.norm(spk, axis=1, keepdims=True)
+        state = backend.init_state(b)
+        ns = []
+        for i in range(calls + WARMUP_CHUNKS):
+            noise = rng.standard_normal((b, HOP_SAMPLES), dtype=np.float32)
+            t0 = time.perf_counter_ns()
+            _, state = backend.step(units, f0, spk, noise, state)
+            if i >= WARMUP_CHUNKS:
+                ns.append(time.perf_counter_ns() - t0)
+        ms = np.asarray(ns) / 1e6
+        row = {"streams": b, "step_p50_ms": float(np.percentile(ms, 50)), "step_p99_ms": float(np.percentile(ms, 99)),
+               "per_stream_p50_ms": float(np.percentile(ms, 50)) / b}
+        row["realtime"] = row["step_p99_ms"] < frame_ms
+        rows.append(row)
+        if not row["realtime"]:
+            break
+        best = b
+        b *= 2
+    return {"backend": anonymizer.config.neural.backend, "device": getattr(backend, "device", "?"),
+            "frame_ms": frame_ms, "max_realtime_streams": best, "batches": rows}

@@ -21,6 +21,10 @@ def register(sub) -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="audio to process (default: 30)")
     p.add_argument("--input", default=None, metavar="WAV", help="speech to use instead of the embedded sample")
     p.add_argument("--e2e", action="store_true", help="also measure end-to-end latency through PulseAudio")
+    p.add_argument("--streams", type=int, default=0, metavar="N",
+                   help="neural method: also time the vocoder on batches of 1, 2, 4, ... up to N concurrent "
+                        "sessions and report the largest batch whose p99 step stays under 20 ms (on a GPU: "
+                        "streams one GPU sustains)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
     p.set_defaults(func=run)
 
@@ -42,8 +46,14 @@ def run(args) -> int:
         result = bench.bench_stage(args.stage, config, signal)
         title = f"stage {args.stage}"
     else:
-        result = bench.bench_compute(Anonymizer(config), signal)
+        anonymizer = Anonymizer(config)
+        result = bench.bench_compute(anonymizer, signal)
         title = f"method {result['method']}"
+        if args.streams:
+            try:
+                result["streams"] = bench.bench_streams(anonymizer, args.streams)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
         if "backend" in result:
             title += f" (vocoder backend {result['backend']} on {result['device']})"
     if args.e2e:
@@ -67,6 +77,14 @@ def run(args) -> int:
               f"{result['compute_p99_ms']:>10.3f}{result['compute_max_ms']:>10.3f}{result['rtf']:>9.4f}")
         print(f"algorithmic latency {result['algorithmic_latency_ms']:.1f} ms = buffering "
               f"{result['buffering_ms']:.0f} ms + stage delays")
+    if "streams" in result:
+        st = result["streams"]
+        print(f"batched vocoder sessions ({st['backend']} on {st['device']}), one 20 ms step per call:")
+        print(f"{'streams':>8}{'p50 ms':>10}{'p99 ms':>10}{'per stream ms':>15}  real-time")
+        for r in st["batches"]:
+            print(f"{r['streams']:>8}{r['step_p50_ms']:>10.2f}{r['step_p99_ms']:>10.2f}"
+                  f"{r['per_stream_p50_ms']:>15.3f}  {'yes' if r['realtime'] else 'no'}")
+        print(f"largest real-time batch: {st['max_realtime_streams']} sessions")
     if args.e2e:
         print(f"end-to-end (fake mic -> rtanon live -> virtual mic): {result['e2e_latency_ms']:.0f} ms; "
               f"waveform similarity to the input: mic {result['xcorr_mic_vs_played']:.2f}, "
