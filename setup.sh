@@ -42,11 +42,13 @@ fi
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "rtanon needs Python >= 3.11 ($py is older); set PYTHON=" >&2; exit 1; }
 [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
 extras=${RTANON_EXTRAS:-}
-[ "$job" = test ] && extras="test,identity,eval,train,neural,content,f0bench${extras:+,$extras}"
+# the neural method's run-time pieces (ONNX Runtime, scikit-learn) come with every set-up
+extras="neural${extras:+,$extras}"
+[ "$job" = test ] && extras="test,identity,eval,train,content,f0bench${extras:+,$extras}"
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
 pip_install --upgrade pip >/dev/null
 case ",$extras," in
-  *,identity,*|*,train,*|*,eval,*|*,neural,*)
+  *,identity,*|*,train,*|*,eval,*)
     # torch pinned first: an unpinned torch requirement would pull several GB of CUDA wheels
     say "installing torch==2.13.0 (CPU)"
     pip_install torch==2.13.0 ;;
