@@ -46,28 +46,16 @@ _SPEC_CANDS = 4
 
 
 @njit(cache=True)
-def _fft(re, im, twc, tws, n):
+def _fft(re, im, twr, twi, n):
     """In-place radix-2 FFT, decimation in frequency, exp(-2πi kn/N); the
-    output is in bit-reversed order (bin k at index brev[k]). The twiddle is
-    the outer loop, so each is loaded once per stage."""
-    size = n
-    while size >= 2:
-        half = size // 2
-        step = n // size
-        for start in range(0, n, size):  # k = 0: the twiddle is 1
-            m = start + half
-            ur = re[start]
-            ui = im[start]
-            vr = re[m]
-            vi = im[m]
-            re[start] = ur + vr
-            im[start] = ui + vi
-            re[m] = ur - vr
-            im[m] = ui - vi
-        for k in range(1, half):
-            wr = twc[k * step]
-            wi = tws[k * step]
-            for start in range(0, n, size):
+    output is in bit-reversed order (bin k at index brev[k]). The stage with
+    half-size h reads its twiddles exp(-2πi k / 2h), k < h, at twr[h + k],
+    twi[h + k], so its inner loop runs over contiguous memory (and
+    vectorises); the last two stages run as one radix-4 pass."""
+    half = n // 2
+    while half >= 4:
+        for start in range(0, n, 2 * half):
+            for k in range(half):
                 j = start + k
                 m = j + half
                 ur = re[j]
@@ -78,9 +66,34 @@ def _fft(re, im, twc, tws, n):
                 im[j] = ui + vi
                 dr = ur - vr
                 di = ui - vi
-                re[m] = dr * wr - di * wi
-                im[m] = dr * wi + di * wr
-        size //= 2
+                re[m] = dr * twr[half + k] - di * twi[half + k]
+                im[m] = dr * twi[half + k] + di * twr[half + k]
+        half //= 2
+    for s in range(0, n, 4):
+        r0 = re[s]
+        r1 = re[s + 1]
+        r2 = re[s + 2]
+        r3 = re[s + 3]
+        i0 = im[s]
+        i1 = im[s + 1]
+        i2 = im[s + 2]
+        i3 = im[s + 3]
+        ar = r0 + r2
+        ai = i0 + i2
+        br = r1 + r3
+        bi = i1 + i3
+        cr = r0 - r2
+        ci = i0 - i2
+        dr = i1 - i3  # (r1 - r3, i1 - i3) times -i
+        di = -(r1 - r3)
+        re[s] = ar + br
+        im[s] = ai + bi
+        re[s + 1] = ar - br
+        im[s + 1] = ai - bi
+        re[s + 2] = cr + dr
+        im[s + 2] = ci + di
+        re[s + 3] = cr - dr
+        im[s + 3] = ci - di
 
 
 @njit(cache=True)
@@ -195,22 +208,30 @@ def _nccf_candidates(fp, buf, row, off, w8, cs, phi, nccf_n, lag_max_g, lag_lo, 
     maxphi = 0.0
     for lag in range(lag_lo, lag_hi + 1):
         s0 = (lag_max_g - lag) // 2
-        # four partial sums (breaks the add latency chain; the C++ kernel sums alike)
+        # eight partial sums (independent add chains; the C++ kernel sums alike)
         a0 = 0.0
         a1 = 0.0
         a2 = 0.0
         a3 = 0.0
+        a4 = 0.0
+        a5 = 0.0
+        a6 = 0.0
+        a7 = 0.0
         ia = off + s0
         ib = off + s0 + lag
-        n4 = nccf_n - nccf_n % 4
-        for i in range(0, n4, 4):
+        n8 = nccf_n - nccf_n % 8
+        for i in range(0, n8, 8):
             a0 += buf[row, ia + i] * buf[row, ib + i]
             a1 += buf[row, ia + i + 1] * buf[row, ib + i + 1]
             a2 += buf[row, ia + i + 2] * buf[row, ib + i + 2]
             a3 += buf[row, ia + i + 3] * buf[row, ib + i + 3]
-        for i in range(n4, nccf_n):
+            a4 += buf[row, ia + i + 4] * buf[row, ib + i + 4]
+            a5 += buf[row, ia + i + 5] * buf[row, ib + i + 5]
+            a6 += buf[row, ia + i + 6] * buf[row, ib + i + 6]
+            a7 += buf[row, ia + i + 7] * buf[row, ib + i + 7]
+        for i in range(n8, nccf_n):
             a0 += buf[row, ia + i] * buf[row, ib + i]
-        acc = (a0 + a1) + (a2 + a3)
+        acc = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
         ex = cs[s0 + nccf_n] - cs[s0]
         ey = cs[s0 + lag + nccf_n] - cs[s0 + lag]
         den = ex * ey
@@ -265,7 +286,7 @@ def _nccf_candidates(fp, buf, row, off, w8, cs, phi, nccf_n, lag_max_g, lag_lo, 
 
 
 @njit(cache=True)
-def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc, ringp, ringb, work):
+def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc, ringp, ringb, work):
     """Analyses the frame whose window is ``buf8`` and returns the decided F0 (Hz,
     0 = unvoiced) of frame t - lag, or -1.0 while t < lag."""
     nfft = ip[I_NFFT]
@@ -317,21 +338,16 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     mean_b /= sw4
     for i in range(sw4):
         im[i] -= mean_b
-    _fft(re, im, twc, tws, nfft)
-    # |A| in the energy band here (the rest below, only where the spectral peaks need it);
-    # |B| on every bin (the SHC reads up to Nyquist)
+    _fft(re, im, twr, twi, nfft)
+    # |A| in the energy band here (the rest below, only where the spectral peaks need it)
     kb0 = ip[I_KB0]
     kb1 = ip[I_KB1]
-    for k in range(nh + 1):
+    for k in range(kb0, kb1):
         p = brev[k]
         q = brev[(nfft - k) % nfft]
-        if kb0 <= k < kb1:
-            ar = re[p] + re[q]
-            ai = im[p] - im[q]
-            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
-        br = re[p] - re[q]
-        bi = im[p] + im[q]
-        mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
+        ar = re[p] + re[q]
+        ai = im[p] - im[q]
+        mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
 
     # --- NLFER: low-band energy over its running mean
     e = 0.0
@@ -357,6 +373,13 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
             ar = re[p] + re[q]
             ai = im[p] - im[q]
             mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
+        # |B| on every bin (the SHC reads up to Nyquist)
+        for k in range(nh + 1):
+            p = brev[k]
+            q = brev[(nfft - k) % nfft]
+            br = re[p] - re[q]
+            bi = im[p] + im[q]
+            mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
         for f in range(shc_len):
             shc[f] = 0.0
         half = ip[I_SHC_HALF]
@@ -539,7 +562,7 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
 
 
 @njit(cache=True)
-def run_hops(ip, fp, sos, hann, kais, twc, tws, brev, zst, buf8, sc, iv, spv, dpacc, ringp, ringb, work,
+def run_hops(ip, fp, sos, hann, kais, twr, twi, brev, zst, buf8, sc, iv, spv, dpacc, ringp, ringb, work,
              x, out):
     """Feeds ``x`` (float32, 16 kHz, a multiple of 160 samples) and writes one
     value per 10 ms hop into ``out``: the F0 (Hz, 0 = unvoiced) of the frame
@@ -568,7 +591,7 @@ def run_hops(ip, fp, sos, hann, kais, twc, tws, brev, zst, buf8, sc, iv, spv, dp
             iv[V_PHASE] = 1 - iv[V_PHASE]
         val = 0.0
         if iv[V_FILL] == w8:
-            r = _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc, ringp, ringb,
+            r = _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc, ringp, ringb,
                                work)
             if r > 0.0:
                 val = r
@@ -588,11 +611,21 @@ def work_size(ip: np.ndarray) -> int:
 
 
 def fft_tables(nfft: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Twiddles (cos, -sin of 2πk/N, k < N/2) and the bit-reversal permutation."""
+    """Per-stage twiddles and the bit-reversal permutation: for each stage
+    half-size h (1, 2, 4, ... N/2), ``twr[h + k], twi[h + k]`` = cos, -sin of
+    2πk/(2h), k < h, taken from the same N/2-entry table as the C++ kernel
+    (so both hold bit-identical values)."""
     k = np.arange(nfft // 2)
+    twc, tws = np.cos(2 * np.pi * k / nfft), -np.sin(2 * np.pi * k / nfft)
+    twr, twi = np.zeros(nfft), np.zeros(nfft)
+    h = 1
+    while h < nfft:
+        idx = np.arange(h) * (nfft // (2 * h))
+        twr[h:2 * h], twi[h:2 * h] = twc[idx], tws[idx]
+        h *= 2
     bits = int(np.log2(nfft))
     brev = np.array([int(format(i, f"0{bits}b")[::-1], 2) for i in range(nfft)], np.int64)
-    return np.cos(2 * np.pi * k / nfft), -np.sin(2 * np.pi * k / nfft), brev
+    return twr, twi, brev
 
 
 class NumbaF0Kernel:
@@ -602,7 +635,7 @@ class NumbaF0Kernel:
     def __init__(self, derived: Derived) -> None:
         self._d = derived
         ip = derived.iparams
-        self._twc, self._tws, self._brev = fft_tables(int(ip[I_NFFT]))
+        self._twr, self._twi, self._brev = fft_tables(int(ip[I_NFFT]))
         n_bq = int(ip[I_NBQ])
         lag = int(ip[I_LAG])
         self._zst = np.zeros((2, n_bq, 2))
@@ -633,6 +666,6 @@ class NumbaF0Kernel:
 
     def process_into(self, x: np.ndarray, out: np.ndarray) -> None:
         d = self._d
-        run_hops(d.iparams, d.fparams, d.sos, d.hann4, d.kaiser4, self._twc, self._tws, self._brev,
+        run_hops(d.iparams, d.fparams, d.sos, d.hann4, d.kaiser4, self._twr, self._twi, self._brev,
                  self._zst, self._buf8, self._sc, self._iv, self._spv, self._dpacc, self._ringp, self._ringb,
                  self._work, x, out)
