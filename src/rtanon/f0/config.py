@@ -31,7 +31,7 @@ I_H8, I_LAG, I_NFFT, I_KB0, I_KB1, I_SHC_MIN, I_SHC_MAX, I_SHC_HALF, I_SHC_NH, I
 # Layout of the float parameter vector.
 F_F0MIN, F_F0MAX, F_NLFER1, F_NLFER2, F_SHC_T1, F_SHC_T2, F_K1, F_NCCF_T1, F_NCCF_T2, F_BOOST, \
     F_PIVOT, F_W1, F_W2, F_W3, F_W4, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_E_FLOOR, F_DELTA4, \
-    F_E_PRIOR, F_E_PRIOR_N, F_FH_MIN, N_FPARAMS = range(24)
+    F_E_PRIOR, F_E_PRIOR_N, F_FH_MIN, F_HBC, F_HB1, F_HB3, N_FPARAMS = range(27)
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,8 @@ class F0Config:
         if self.window_ms * _RATE8_HZ // 1000 - lag8_max < 24:
             raise ConfigError(f"window_ms={self.window_ms} is too short for f0_min_hz={self.f0_min_hz}: "
                               "raise window_ms or f0_min_hz")
+        if not 10.0 <= self.shc_window_hz <= 80.0:
+            raise ConfigError(f"shc_window_hz={self.shc_window_hz}; use 10 to 80 Hz (YAAPT: 40)")
         if not 1 <= self.shc_numharms <= 5:
             raise ConfigError(f"shc_numharms={self.shc_numharms}; use 1 to 5 (YAAPT: 3)")
         if not 0.0 < self.shc_first_harmonic_min <= 1.0:
@@ -155,7 +157,7 @@ class Derived:
 
     iparams: np.ndarray  # int64 [N_IPARAMS]
     fparams: np.ndarray  # float64 [N_FPARAMS]
-    sos: np.ndarray  # float64 [n_sections, 6]: band-pass 50-1500 Hz at 16 kHz
+    sos: np.ndarray  # float64 [n_sections, 6]: band-pass 50-1500 Hz at 8 kHz
     hann4: np.ndarray  # float64 [window at 4 kHz]
     kaiser4: np.ndarray  # float64 [spectral window at 4 kHz]
 
@@ -164,7 +166,7 @@ class Derived:
 def derive(config: F0Config) -> Derived:
     """Constants of both kernels, computed once per ``config`` (cached; treat
     the arrays as read-only)."""
-    from scipy.signal import butter
+    from scipy.signal import butter, remez
     from scipy.signal.windows import hann, kaiser
 
     config.validate()
@@ -185,11 +187,16 @@ def derive(config: F0Config) -> Derived:
     pk_max = int(np.fix(c.f0_max_hz / delta + center))
     lag_min = max(2, int(np.floor(_RATE8_HZ / c.f0_max_hz)) - 2)
     lag_max = int(np.ceil(_RATE8_HZ / c.f0_min_hz)) + 2
-    nccf_n = 2 * h8 - lag_max - 1
+    nccf_n = (2 * h8 - lag_max - 1) // 16 * 16  # a multiple of 16: the kernels sum in sixteen lanes
     kb0 = int(np.around(c.f0_min_hz * 2 / _RATE4_HZ * _NFFT4)) - 1
     kb1 = int(np.around(c.f0_max_hz / _RATE4_HZ * _NFFT4))
-    sos = np.concatenate([butter(2, 50.0, "highpass", fs=SAMPLE_RATE_HZ, output="sos"),
-                          butter(6, 1500.0, "lowpass", fs=SAMPLE_RATE_HZ, output="sos")]).astype(np.float64)
+    # 16 kHz -> 8 kHz: 7-tap half-band low-pass (flat to 1500 Hz, -50 dB from 6500 Hz, so nothing
+    # aliases into the band), then the band-pass at 8 kHz
+    hb = remez(7, [0.0, 1500.0, 6500.0, SAMPLE_RATE_HZ / 2], [1.0, 0.0], fs=SAMPLE_RATE_HZ)
+    hb[1] = hb[5] = 0.0
+    hb /= hb.sum()
+    sos = np.concatenate([butter(2, 50.0, "highpass", fs=_RATE8_HZ, output="sos"),
+                          butter(6, 1500.0, "lowpass", fs=_RATE8_HZ, output="sos")]).astype(np.float64)
     ip = np.zeros(N_IPARAMS, np.int64)
     ip[I_H8], ip[I_LAG], ip[I_NFFT] = h8, c.decision_lag_frames, _NFFT4
     ip[I_KB0], ip[I_KB1] = kb0, kb1
@@ -216,5 +223,6 @@ def derive(config: F0Config) -> Derived:
     fp[F_E_PRIOR_N] = c.energy_prior_s * 100.0
     fp[F_DELTA4] = delta
     fp[F_FH_MIN] = c.shc_first_harmonic_min
+    fp[F_HBC], fp[F_HB1], fp[F_HB3] = hb[3], hb[2], hb[0]
     return Derived(ip, fp, np.ascontiguousarray(sos), hann(w4 + 2)[1:-1].astype(np.float64),
                    kaiser(sw4, 0.5).astype(np.float64))
