@@ -14,11 +14,11 @@
 #include <stdexcept>
 #include <vector>
 
-// On x86-64 Linux with GCC or Clang, process() is compiled twice, for AVX2 and for the baseline
-// (SSE2), and the loader picks the one the CPU runs (function multi-versioning): the wheel stays
-// portable and the loops vectorise four doubles wide where AVX2 exists. Build with
-// -ffp-contract=off so neither version fuses multiply-adds: both give the same results (and the
-// Numba kernel's).
+// On x86-64 Linux with GCC or Clang, the hot member functions are compiled twice, for AVX2 and
+// for the baseline (SSE2), and the loader picks the one the CPU runs (function multi-versioning):
+// the wheel stays portable and the loops vectorise eight floats wide where AVX2 exists. The AVX2
+// target does not include FMA, so neither version fuses multiply-adds and both give the same
+// results (the Numba kernel's, within rounding of the twiddle tables).
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define RTANON_F0_CLONES __attribute__((target_clones("avx2", "default")))
 #else

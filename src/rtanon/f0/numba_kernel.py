@@ -5,14 +5,17 @@ Same algorithm, same operation order and same constants as the C++ kernel in
 in NumPy arrays owned by :class:`NumbaF0Kernel`; the ``@njit(cache=True)``
 functions below only read and write them, so a kernel instance is one stream.
 
-Per 16 kHz input sample: the signal and its square are band-passed
-(50-1500 Hz, IIR) and decimated to 8 kHz. Per 10 ms frame (window centred on
-the frame): one 512-point FFT at 4 kHz carries both signals (the filtered one
-with a Hann window in the real part, the squared one with a Kaiser window in
-the imaginary part); the low-band energy ratio (NLFER) comes from the first,
+Per 10 ms hop: the signal and its square go through a 7-tap half-band
+low-pass that decimates them to 8 kHz, then an IIR band-pass (50-1500 Hz) at
+8 kHz (float64), and are kept in float32. Per 10 ms frame (window centred on
+the frame): one 512-point float32 FFT at 4 kHz carries both signals (the
+filtered one with a Hann window in the real part, the squared one with a
+Kaiser window in the imaginary part); the low-band energy ratio (NLFER)
+comes from the first,
 the spectral harmonics correlation (SHC) from the second. The SHC peaks feed
 an online Viterbi (YAAPT's ``dynamic5``) that gives the spectral F0 track;
-NCCF candidates of both signals are searched around it at 8 kHz, refined as in
+NCCF candidates of both signals (float32 dot products) are searched around it
+at 8 kHz, refined as in
 YAAPT's ``refine``, and a fixed-lag Viterbi over 6 candidates per frame
 (4 NCCF, spectral, unvoiced) makes the final decision.
 
