@@ -367,7 +367,8 @@ class F0Kernel {
     return num;
   }
 
-  RTANON_F0_CLONES int nccf_candidates(int row, int off, int w8, int lag_lo, int lag_hi, double* out_p, double* out_m, int k0) {
+  RTANON_F0_CLONES int nccf_candidates(int row, int off, int w8, int lag_lo, int lag_hi, double* out_p,
+                                       double* out_m, int k0) {
     const float* buf = buf_[row].data();
     const int nccf_n = static_cast<int>(ip_[I_NCCF_N]);
     const int lag_max_g = static_cast<int>(ip_[I_LAG_MAX]);
