@@ -38,7 +38,7 @@ class F0Kernel {
   enum FParam {
     F_F0MIN, F_F0MAX, F_NLFER1, F_NLFER2, F_SHC_T1, F_SHC_T2, F_K1, F_NCCF_T1, F_NCCF_T2, F_BOOST,
     F_PIVOT, F_W1, F_W2, F_W3, F_W4, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_E_FLOOR, F_DELTA4,
-    F_E_PRIOR, F_E_PRIOR_N, F_FH_MIN, F_HBC, F_HB1, F_HB3, N_FPARAMS
+    F_E_PRIOR, F_E_PRIOR_N, F_FH_MIN, F_HBC, F_HB1, F_HB3, F_SKIP2, N_FPARAMS
   };
   static constexpr int kHop = 160;  // 10 ms at 16 kHz
   static constexpr int kNC = 6;     // DP candidates: 3 NCCF, spectral, best, unvoiced
@@ -593,8 +593,10 @@ class F0Kernel {
     if (lag_hi - lag_lo >= 2 * kNccfCenter + 1 && en > fp_[F_NLFER2]) {
       std::fill(phi_.begin(), phi_.end(), 0.0);
       nccf_candidates(0, off_a, 2 * h8, lag_lo, lag_hi, cp, cm, 0);
-      std::fill(phi_.begin(), phi_.end(), 0.0);
-      nccf_candidates(1, off_a, 2 * h8, lag_lo, lag_hi, cp, cm, kNccfPerSignal);
+      if (!(cm[0] > fp_[F_SKIP2])) {
+        std::fill(phi_.begin(), phi_.end(), 0.0);
+        nccf_candidates(1, off_a, 2 * h8, lag_lo, lag_hi, cp, cm, kNccfPerSignal);
+      }
     }
     const double fth = 5.0 * std_hz;
     for (int q = 0; q < 2 * kNccfPerSignal; ++q) {

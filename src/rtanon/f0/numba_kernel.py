@@ -31,10 +31,10 @@ from numba import njit
 
 from rtanon.f0.config import (
     F_BOOST, F_DELTA4, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_FH_MIN, F_HB1, F_HB3, F_HBC, F_K1,
-    F_NCCF_T1, F_NCCF_T2, F_NLFER1, F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2, F_W1,
-    F_W2, F_W3, F_W4, HOP_SAMPLES, I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ, I_NCCF_N, I_NFFT,
-    I_PK_CENTER, I_PK_MAX, I_PK_MIN, I_SHC_HALF, I_SHC_MAX, I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E, I_TAU_P, N_CANDIDATES,
-    Derived,
+    F_NCCF_T1, F_NCCF_T2, F_NLFER1, F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2,
+    F_SKIP2, F_W1, F_W2, F_W3, F_W4, HOP_SAMPLES, I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ,
+    I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX, I_PK_MIN, I_SHC_HALF, I_SHC_MAX, I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E,
+    I_TAU_P, N_CANDIDATES, Derived,
 )
 
 # Scalar state slots (float64), shared layout with the C++ kernel.
@@ -514,10 +514,12 @@ def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc,
         for q in range(ip[I_LAG_MAX] + 2):
             phi[q] = 0.0
         _nccf_candidates(fp, buf8, 0, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm, 0)
-        for q in range(ip[I_LAG_MAX] + 2):
-            phi[q] = 0.0
-        _nccf_candidates(fp, buf8, 1, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm,
-                         _NCCF_PER_SIGNAL)
+        # (the squared signal only where the filtered one has no peak above nccf_skip_squared)
+        if not cm[0] > fp[F_SKIP2]:
+            for q in range(ip[I_LAG_MAX] + 2):
+                phi[q] = 0.0
+            _nccf_candidates(fp, buf8, 1, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp,
+                             cm, _NCCF_PER_SIGNAL)
     # merit: boosted near the spectral track, zero beyond 5 std
     fth = 5.0 * std
     for q in range(2 * _NCCF_PER_SIGNAL):
