@@ -24,6 +24,14 @@
 #else
 #define RTANON_F0_CLONES
 #endif
+// Inlined into the (cloned) caller, so it is compiled for the caller's target.
+#if defined(__GNUC__) || defined(__clang__)
+#define RTANON_F0_INLINE inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define RTANON_F0_INLINE __forceinline
+#else
+#define RTANON_F0_INLINE inline
+#endif
 
 namespace rtanon {
 
@@ -194,7 +202,7 @@ class F0Kernel {
   // buf_ at fill_; NBQ > 0: that many sections, state held in registers for the block.
   // State z[section][0..1][signal]; z0 <- (b1 v + z1) - a1 y, z1 <- b2 v - a2 y.
   template <int NBQ>
-  inline __attribute__((always_inline)) void bandpass(const double* d0, const double* d1, int n) {
+  RTANON_F0_INLINE void bandpass(const double* d0, const double* d1, int n) {
     const int nbq = NBQ > 0 ? NBQ : nbq_;
     constexpr int kMax = NBQ > 0 ? NBQ : 16;
     double z[kMax][4];
@@ -229,7 +237,7 @@ class F0Kernel {
   }
 
   // One DIF stage on one block: (u, v) -> (u + v, (u - v) w), k < half.
-  static inline __attribute__((always_inline)) void butterflies(
+  static RTANON_F0_INLINE void butterflies(
       float* __restrict r0, float* __restrict i0, float* __restrict r1, float* __restrict i1,
       const float* __restrict wr, const float* __restrict wi, int half) {
     for (int k = 0; k < half; ++k) {
