@@ -125,6 +125,30 @@ def test_stage_contract():
     np.testing.assert_allclose(frame_times_s(3), [0.0, 0.01, 0.02])
 
 
+def test_config_checks_and_kernel_constants():
+    from rtanon.config import ConfigError
+    from rtanon.f0.config import I_NCCF_N, derive
+
+    with pytest.raises(ConfigError, match="shc_window_hz"):
+        F0Config(shc_window_hz=200.0).validate()
+    for window_ms in (20, 40, 60):  # the kernels sum the NCCF in 16 lanes
+        assert derive(F0Config(window_ms=window_ms, spectral_window_ms=max(window_ms, 80))).iparams[I_NCCF_N] % 16 == 0
+
+
+@pytest.mark.skipif(not cpp_available(), reason="rtanon._core not built")
+def test_cpp_kernel_rejects_inconsistent_constants():
+    from rtanon._core import F0Kernel
+    from rtanon.f0.config import I_NCCF_N, derive
+
+    d = derive(F0Config())
+    ip = d.iparams.copy()
+    ip[I_NCCF_N] += 1
+    with pytest.raises(ValueError, match="derive"):
+        F0Kernel(ip, d.fparams, d.sos, d.hann4, d.kaiser4)
+    with pytest.raises(ValueError, match="rebuild"):
+        F0Kernel(d.iparams, d.fparams[:-1], d.sos, d.hann4, d.kaiser4)
+
+
 def test_kernel_selection_falls_back_to_numba(monkeypatch):
     import rtanon.f0.tracker as t
 

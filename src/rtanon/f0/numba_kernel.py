@@ -5,14 +5,17 @@ Same algorithm, same operation order and same constants as the C++ kernel in
 in NumPy arrays owned by :class:`NumbaF0Kernel`; the ``@njit(cache=True)``
 functions below only read and write them, so a kernel instance is one stream.
 
-Per 16 kHz input sample: the signal and its square are band-passed
-(50-1500 Hz, IIR) and decimated to 8 kHz. Per 10 ms frame (window centred on
-the frame): one 512-point FFT at 4 kHz carries both signals (the filtered one
-with a Hann window in the real part, the squared one with a Kaiser window in
-the imaginary part); the low-band energy ratio (NLFER) comes from the first,
+Per 10 ms hop: the signal and its square go through a 7-tap half-band
+low-pass that decimates them to 8 kHz, then an IIR band-pass (50-1500 Hz) at
+8 kHz (float64), and are kept in float32. Per 10 ms frame (window centred on
+the frame): one 512-point float32 FFT at 4 kHz carries both signals (the
+filtered one with a Hann window in the real part, the squared one with a
+Kaiser window in the imaginary part); the low-band energy ratio (NLFER)
+comes from the first,
 the spectral harmonics correlation (SHC) from the second. The SHC peaks feed
 an online Viterbi (YAAPT's ``dynamic5``) that gives the spectral F0 track;
-NCCF candidates of both signals are searched around it at 8 kHz, refined as in
+NCCF candidates of both signals (float32 dot products) are searched around it
+at 8 kHz, refined as in
 YAAPT's ``refine``, and a fixed-lag Viterbi over 6 candidates per frame
 (4 NCCF, spectral, unvoiced) makes the final decision.
 
@@ -27,47 +30,38 @@ import numpy as np
 from numba import njit
 
 from rtanon.f0.config import (
-    F_BOOST, F_DELTA4, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_FH_MIN, F_K1, F_NCCF_T1, F_NCCF_T2,
-    F_NLFER1, F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2, F_W1, F_W2, F_W3, F_W4,
-    HOP_SAMPLES, I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ, I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX,
-    I_PK_MIN, I_SHC_HALF, I_SHC_MAX, I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E, I_TAU_P, N_CANDIDATES, Derived,
+    F_BOOST, F_DELTA4, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_FH_MIN, F_HB1, F_HB3, F_HBC, F_K1,
+    F_NCCF_T1, F_NCCF_T2, F_NLFER1, F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2,
+    F_SKIP2, F_W1, F_W2, F_W3, F_W4, HOP_SAMPLES, I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ,
+    I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX, I_PK_MIN, I_SHC_HALF, I_SHC_MAX, I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E,
+    I_TAU_P, N_CANDIDATES, Derived,
 )
 
 # Scalar state slots (float64), shared layout with the C++ kernel.
 S_MEANE, S_NE, S_SPEC_AVG, _S_FREE, S_NSPEC, S_H0, S_H1, S_H2, S_PREV_E, S_MEANP, S_NP, S_HELD = range(12)
 N_SCALARS = 12
 # Integer state slots.
-V_FILL, V_PHASE, V_T, V_SPEC_PREV = range(4)
+V_FILL, _V_FREE, V_T, V_SPEC_PREV = range(4)
 N_IVARS = 4
 _NC = N_CANDIDATES
 _NCCF_CENTER = 2  # YAAPT nccf_pwidth = 5
 _NCCF_PER_SIGNAL = 3
 _SPEC_CANDS = 4
+_HB_HIST = 3  # half-band decimator history per phase (7 taps)
 
 
 @njit(cache=True)
-def _fft(re, im, twc, tws, n):
-    """In-place radix-2 FFT, decimation in frequency, exp(-2πi kn/N); the
-    output is in bit-reversed order (bin k at index brev[k]). The twiddle is
-    the outer loop, so each is loaded once per stage."""
-    size = n
-    while size >= 2:
-        half = size // 2
-        step = n // size
-        for start in range(0, n, size):  # k = 0: the twiddle is 1
-            m = start + half
-            ur = re[start]
-            ui = im[start]
-            vr = re[m]
-            vi = im[m]
-            re[start] = ur + vr
-            im[start] = ui + vi
-            re[m] = ur - vr
-            im[m] = ui - vi
-        for k in range(1, half):
-            wr = twc[k * step]
-            wi = tws[k * step]
-            for start in range(0, n, size):
+def _fft(re, im, twr, twi, brev, ren, imn, n):
+    """Radix-2 FFT, decimation in frequency, exp(-2πi kn/N), of re + i im
+    (overwritten); the spectrum goes to ren, imn in natural order (N + 1
+    bins, bin N = bin 0, so bin N - k reads without a wrap). The stage with
+    half-size h reads its twiddles exp(-2πi k / 2h), k < h, at twr[h + k],
+    twi[h + k], so its inner loop runs over contiguous memory (and
+    vectorises); the last two stages run as one radix-4 pass."""
+    half = n // 2
+    while half >= 4:
+        for start in range(0, n, 2 * half):
+            for k in range(half):
                 j = start + k
                 m = j + half
                 ur = re[j]
@@ -78,9 +72,36 @@ def _fft(re, im, twc, tws, n):
                 im[j] = ui + vi
                 dr = ur - vr
                 di = ui - vi
-                re[m] = dr * wr - di * wi
-                im[m] = dr * wi + di * wr
-        size //= 2
+                re[m] = dr * twr[half + k] - di * twi[half + k]
+                im[m] = dr * twi[half + k] + di * twr[half + k]
+        half //= 2
+    for s in range(0, n, 4):
+        r0 = re[s]
+        r1 = re[s + 1]
+        r2 = re[s + 2]
+        r3 = re[s + 3]
+        i0 = im[s]
+        i1 = im[s + 1]
+        i2 = im[s + 2]
+        i3 = im[s + 3]
+        ar = r0 + r2
+        ai = i0 + i2
+        br = r1 + r3
+        bi = i1 + i3
+        cr = r0 - r2
+        ci = i0 - i2
+        dr = i1 - i3  # (r1 - r3, i1 - i3) times -i
+        di = -(r1 - r3)
+        ren[brev[s]] = ar + br
+        imn[brev[s]] = ai + bi
+        ren[brev[s + 1]] = ar - br
+        imn[brev[s + 1]] = ai - bi
+        ren[brev[s + 2]] = cr + dr
+        imn[brev[s + 2]] = ci + di
+        ren[brev[s + 3]] = cr - dr
+        imn[brev[s + 3]] = ci - di
+    ren[n] = ren[0]
+    imn[n] = imn[0]
 
 
 @njit(cache=True)
@@ -105,7 +126,7 @@ def _harmonic_peak(mag, n):
 
 
 @njit(cache=True)
-def _spectral_peaks(ip, fp, shc, mag_a, mag_b, nh, out_p, out_m):
+def _spectral_peaks(ip, fp, shc, pow_a, mag_b, nh, out_p, out_m):
     """YAAPT ``peaks``: up to 4 SHC peaks (Hz, merit); returns how many.
 
     The merit of a peak is its normalised SHC times
@@ -136,11 +157,11 @@ def _spectral_peaks(ip, fp, shc, mag_a, mag_b, nh, out_p, out_m):
     amax = 0.0
     bmax = 0.0
     for k in range(nh + 1):
-        if mag_a[k] > amax:
-            amax = mag_a[k]
+        if pow_a[k] > amax:
+            amax = pow_a[k]
         if mag_b[k] > bmax:
             bmax = mag_b[k]
-    inva = 1.0 / amax if amax > 1e-30 else 0.0
+    inva = 1.0 / amax if amax > 1e-60 else 0.0
     invb = 1.0 / bmax if bmax > 1e-30 else 0.0
     num = 0
     bestm = 0.0
@@ -154,7 +175,7 @@ def _spectral_peaks(ip, fp, shc, mag_a, mag_b, nh, out_p, out_m):
                     ok = False
                     break
             if ok:
-                fh_a = _harmonic_peak(mag_a, n) * inva
+                fh_a = np.sqrt(_harmonic_peak(pow_a, n) * inva)
                 fh_b = _harmonic_peak(mag_b, n) * invb
                 fh = fh_a if fh_a > fh_b else fh_b
                 g = fh / fp[F_FH_MIN] if fh < fp[F_FH_MIN] else 1.0
@@ -188,29 +209,80 @@ def _nccf_candidates(fp, buf, row, off, w8, cs, phi, nccf_n, lag_max_g, lag_lo, 
     on the window centre for every lag; YAAPT ``cmp_rate`` peak picking with
     parabolic refinement. The window is ``buf[row, off:off + w8]``. Writes up
     to 3 (Hz, merit) at out[k0:]; returns count."""
+    # prefix sums of squares as four independent running sums over quarters (w8 % 4 == 0), each
+    # quarter then offset by the total before it (the C++ kernel sums alike)
+    qn = w8 // 4
+    p0 = 0.0
+    p1 = 0.0
+    p2 = 0.0
+    p3 = 0.0
     cs[0] = 0.0
-    for i in range(w8):
-        v = buf[row, off + i]
-        cs[i + 1] = cs[i] + v * v
+    for i in range(qn):
+        v = np.float64(buf[row, off + i])
+        p0 += v * v
+        cs[i + 1] = p0
+        v = np.float64(buf[row, off + qn + i])
+        p1 += v * v
+        cs[qn + i + 1] = p1
+        v = np.float64(buf[row, off + 2 * qn + i])
+        p2 += v * v
+        cs[2 * qn + i + 1] = p2
+        v = np.float64(buf[row, off + 3 * qn + i])
+        p3 += v * v
+        cs[3 * qn + i + 1] = p3
+    for c in range(1, 4):
+        base = cs[c * qn]
+        for i in range(1, qn + 1):
+            cs[c * qn + i] += base
     maxphi = 0.0
     for lag in range(lag_lo, lag_hi + 1):
         s0 = (lag_max_g - lag) // 2
-        # four partial sums (breaks the add latency chain; the C++ kernel sums alike)
-        a0 = 0.0
-        a1 = 0.0
-        a2 = 0.0
-        a3 = 0.0
+        # sixteen float32 partial sums (independent add chains; the C++ kernel sums alike),
+        # nccf_n % 16 == 0
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        a4 = np.float32(0.0)
+        a5 = np.float32(0.0)
+        a6 = np.float32(0.0)
+        a7 = np.float32(0.0)
+        a8 = np.float32(0.0)
+        a9 = np.float32(0.0)
+        a10 = np.float32(0.0)
+        a11 = np.float32(0.0)
+        a12 = np.float32(0.0)
+        a13 = np.float32(0.0)
+        a14 = np.float32(0.0)
+        a15 = np.float32(0.0)
         ia = off + s0
         ib = off + s0 + lag
-        n4 = nccf_n - nccf_n % 4
-        for i in range(0, n4, 4):
+        for i in range(0, nccf_n, 16):
             a0 += buf[row, ia + i] * buf[row, ib + i]
             a1 += buf[row, ia + i + 1] * buf[row, ib + i + 1]
             a2 += buf[row, ia + i + 2] * buf[row, ib + i + 2]
             a3 += buf[row, ia + i + 3] * buf[row, ib + i + 3]
-        for i in range(n4, nccf_n):
-            a0 += buf[row, ia + i] * buf[row, ib + i]
-        acc = (a0 + a1) + (a2 + a3)
+            a4 += buf[row, ia + i + 4] * buf[row, ib + i + 4]
+            a5 += buf[row, ia + i + 5] * buf[row, ib + i + 5]
+            a6 += buf[row, ia + i + 6] * buf[row, ib + i + 6]
+            a7 += buf[row, ia + i + 7] * buf[row, ib + i + 7]
+            a8 += buf[row, ia + i + 8] * buf[row, ib + i + 8]
+            a9 += buf[row, ia + i + 9] * buf[row, ib + i + 9]
+            a10 += buf[row, ia + i + 10] * buf[row, ib + i + 10]
+            a11 += buf[row, ia + i + 11] * buf[row, ib + i + 11]
+            a12 += buf[row, ia + i + 12] * buf[row, ib + i + 12]
+            a13 += buf[row, ia + i + 13] * buf[row, ib + i + 13]
+            a14 += buf[row, ia + i + 14] * buf[row, ib + i + 14]
+            a15 += buf[row, ia + i + 15] * buf[row, ib + i + 15]
+        a0 += a8
+        a1 += a9
+        a2 += a10
+        a3 += a11
+        a4 += a12
+        a5 += a13
+        a6 += a14
+        a7 += a15
+        acc = np.float64(((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)))
         ex = cs[s0 + nccf_n] - cs[s0]
         ey = cs[s0 + lag + nccf_n] - cs[s0 + lag]
         den = ex * ey
@@ -265,7 +337,7 @@ def _nccf_candidates(fp, buf, row, off, w8, cs, phi, nccf_n, lag_max_g, lag_lo, 
 
 
 @njit(cache=True)
-def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc, ringp, ringb, work):
+def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc, ringp, ringb, work, fbuf):
     """Analyses the frame whose window is ``buf8`` and returns the decided F0 (Hz,
     0 = unvoiced) of frame t - lag, or -1.0 while t < lag."""
     nfft = ip[I_NFFT]
@@ -273,11 +345,13 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     w4 = h8
     nh = nfft // 2
     # work layout
-    re = work[0:nfft]
-    im = work[nfft:2 * nfft]
-    mag_a = work[2 * nfft:2 * nfft + nh + 1]
-    mag_b = work[2 * nfft + nh + 1:2 * nfft + 2 * nh + 2]
-    o = 2 * nfft + 2 * nh + 2
+    re = fbuf[0, :nfft]
+    im = fbuf[1, :nfft]
+    mb_len = _mag_b_len(ip)
+    mag_a = work[0:nh + 1]
+    mag_b = work[nh + 1:nh + 1 + mb_len]  # zeros beyond Nyquist, never written
+    pow_a = work[nh + 1 + mb_len:2 * nh + 2 + mb_len]
+    o = 2 * nh + 2 + mb_len
     shc_len = max(ip[I_SHC_MAX], ip[I_PK_MAX] + ip[I_PK_CENTER]) + 2
     shc = work[o:o + shc_len]
     o += shc_len
@@ -305,33 +379,45 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     sw4 = ip[I_SW4]
     off_a = b8 - 2 * h8
     off_b = b8 - 2 * sw4
+    # (float32 from here to the magnitudes, as in the C++ kernel)
     for i in range(nfft):
         re[i] = 0.0
         im[i] = 0.0
     for i in range(w4):
         re[i] = buf8[0, off_a + 2 * i] * hann[i]
-    mean_b = 0.0
     for i in range(sw4):
         im[i] = buf8[1, off_b + 2 * i] * kais[i]
-        mean_b += im[i]
-    mean_b /= sw4
+    # eight partial sums (sw4 % 8 == 0), as in the C++ kernel
+    m0 = np.float32(0.0)
+    m1 = np.float32(0.0)
+    m2 = np.float32(0.0)
+    m3 = np.float32(0.0)
+    m4 = np.float32(0.0)
+    m5 = np.float32(0.0)
+    m6 = np.float32(0.0)
+    m7 = np.float32(0.0)
+    for i in range(0, sw4, 8):
+        m0 += im[i]
+        m1 += im[i + 1]
+        m2 += im[i + 2]
+        m3 += im[i + 3]
+        m4 += im[i + 4]
+        m5 += im[i + 5]
+        m6 += im[i + 6]
+        m7 += im[i + 7]
+    mean_b = (((m0 + m1) + (m2 + m3)) + ((m4 + m5) + (m6 + m7))) / np.float32(sw4)
     for i in range(sw4):
         im[i] -= mean_b
-    _fft(re, im, twc, tws, nfft)
-    # |A| in the energy band here (the rest below, only where the spectral peaks need it);
-    # |B| on every bin (the SHC reads up to Nyquist)
+    ren = fbuf[2]
+    imn = fbuf[3]
+    _fft(re, im, twr, twi, brev, ren, imn, nfft)
+    # |A| in the energy band here (the rest below, only where the spectral peaks need it)
     kb0 = ip[I_KB0]
     kb1 = ip[I_KB1]
-    for k in range(nh + 1):
-        p = brev[k]
-        q = brev[(nfft - k) % nfft]
-        if kb0 <= k < kb1:
-            ar = re[p] + re[q]
-            ai = im[p] - im[q]
-            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
-        br = re[p] - re[q]
-        bi = im[p] + im[q]
-        mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
+    for k in range(kb0, kb1):
+        ar = np.float64(ren[k] + ren[nfft - k])
+        ai = np.float64(imn[k] - imn[nfft - k])
+        mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
 
     # --- NLFER: low-band energy over its running mean
     e = 0.0
@@ -348,15 +434,17 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
     std = fp[F_SEARCH_STD] * avg
     nspec = 0
     if en > fp[F_NLFER1]:
-        # |A| outside the energy band, for the first-harmonic check of the spectral peaks
+        # |2A|^2 on every bin, for the first-harmonic check of the spectral peaks (which compares
+        # and scales by the maximum, so the power does without the square roots)
         for k in range(nh + 1):
-            if kb0 <= k < kb1:
-                continue
-            p = brev[k]
-            q = brev[(nfft - k) % nfft]
-            ar = re[p] + re[q]
-            ai = im[p] - im[q]
-            mag_a[k] = 0.5 * np.sqrt(ar * ar + ai * ai)
+            ar = np.float64(ren[k] + ren[nfft - k])
+            ai = np.float64(imn[k] - imn[nfft - k])
+            pow_a[k] = ar * ar + ai * ai
+        # |B| on every bin (the SHC reads up to Nyquist)
+        for k in range(nh + 1):
+            br = np.float64(ren[k] - ren[nfft - k])
+            bi = np.float64(imn[k] + imn[nfft - k])
+            mag_b[k] = 0.5 * np.sqrt(br * br + bi * bi)
         for f in range(shc_len):
             shc[f] = 0.0
         half = ip[I_SHC_HALF]
@@ -365,11 +453,10 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
             for w in range(-half, half + 1):
                 prod = 1.0
                 for r in range(1, ip[I_SHC_NH] + 1):
-                    idx = r * f + w
-                    prod *= mag_b[idx] if 0 <= idx <= nh else 0.0
+                    prod *= mag_b[r * f + w]  # zeros beyond Nyquist
                 s += prod
             shc[f] = s
-        nspec = _spectral_peaks(ip, fp, shc, mag_a, mag_b, nh, sp, sm)
+        nspec = _spectral_peaks(ip, fp, shc, pow_a, mag_b, nh, sp, sm)
     if nspec > 0:
         k1w = fp[F_K1] * std / avg
         f0min = fp[F_F0MIN]
@@ -427,10 +514,12 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
         for q in range(ip[I_LAG_MAX] + 2):
             phi[q] = 0.0
         _nccf_candidates(fp, buf8, 0, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm, 0)
-        for q in range(ip[I_LAG_MAX] + 2):
-            phi[q] = 0.0
-        _nccf_candidates(fp, buf8, 1, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm,
-                         _NCCF_PER_SIGNAL)
+        # (the squared signal only where the filtered one has no peak above nccf_skip_squared)
+        if not cm[0] > fp[F_SKIP2]:
+            for q in range(ip[I_LAG_MAX] + 2):
+                phi[q] = 0.0
+            _nccf_candidates(fp, buf8, 1, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp,
+                             cm, _NCCF_PER_SIGNAL)
     # merit: boosted near the spectral track, zero beyond 5 std
     fth = 5.0 * std
     for q in range(2 * _NCCF_PER_SIGNAL):
@@ -539,8 +628,8 @@ def _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc,
 
 
 @njit(cache=True)
-def run_hops(ip, fp, sos, hann, kais, twc, tws, brev, zst, buf8, sc, iv, spv, dpacc, ringp, ringb, work,
-             x, out):
+def run_hops(ip, fp, sos, hann, kais, twr, twi, brev, zst, hb, dec, buf8, sc, iv, spv, dpacc, ringp, ringb,
+             work, fbuf, x, out):
     """Feeds ``x`` (float32, 16 kHz, a multiple of 160 samples) and writes one
     value per 10 ms hop into ``out``: the F0 (Hz, 0 = unvoiced) of the frame
     finalized by that hop, 0 for the frames before the stream began."""
@@ -548,28 +637,49 @@ def run_hops(ip, fp, sos, hann, kais, twc, tws, brev, zst, buf8, sc, iv, spv, dp
     w8 = ip[I_B8]
     hop8 = HOP_SAMPLES // 2
     nhops = x.shape[0] // HOP_SAMPLES
+    h3 = fp[F_HB3]
+    h1 = fp[F_HB1]
+    hc = fp[F_HBC]
     for h in range(nhops):
-        for i in range(h * HOP_SAMPLES, (h + 1) * HOP_SAMPLES):
-            a = float(x[i])
-            b = a * a
+        # the signal (row 0) and its square (row 1), split into even (hb[r, 0]) and odd (hb[r, 1])
+        # samples after _HB_HIST samples of history per phase
+        x0 = h * HOP_SAMPLES
+        for m in range(hop8):
+            a = np.float64(x[x0 + 2 * m])
+            b = np.float64(x[x0 + 2 * m + 1])
+            hb[0, 0, _HB_HIST + m] = a
+            hb[0, 1, _HB_HIST + m] = b
+            hb[1, 0, _HB_HIST + m] = a * a
+            hb[1, 1, _HB_HIST + m] = b * b
+        # half-band low-pass and decimation to 8 kHz: output m is the input at 16 kHz sample 2m (this
+        # hop) through the 7-tap half-band filter (h3, 0, h1, hc, h1, 0, h3)
+        for r in range(2):
+            for m in range(hop8):
+                dec[r, m] = (h3 * (hb[r, 0, m + 3] + hb[r, 0, m]) + h1 * (hb[r, 0, m + 2] + hb[r, 0, m + 1])
+                             + hc * hb[r, 1, m + 1])
+            for j in range(_HB_HIST):
+                hb[r, 0, j] = hb[r, 0, hop8 + j]
+                hb[r, 1, j] = hb[r, 1, hop8 + j]
+        # band-pass at 8 kHz (transposed direct form II), both signals
+        for m in range(hop8):
+            a = dec[0, m]
+            b = dec[1, m]
             for s in range(nbq):
                 y = sos[s, 0] * a + zst[0, s, 0]
-                zst[0, s, 0] = sos[s, 1] * a - sos[s, 4] * y + zst[0, s, 1]
+                zst[0, s, 0] = (sos[s, 1] * a + zst[0, s, 1]) - sos[s, 4] * y
                 zst[0, s, 1] = sos[s, 2] * a - sos[s, 5] * y
                 a = y
                 y = sos[s, 0] * b + zst[1, s, 0]
-                zst[1, s, 0] = sos[s, 1] * b - sos[s, 4] * y + zst[1, s, 1]
+                zst[1, s, 0] = (sos[s, 1] * b + zst[1, s, 1]) - sos[s, 4] * y
                 zst[1, s, 1] = sos[s, 2] * b - sos[s, 5] * y
                 b = y
-            if iv[V_PHASE] == 0:
-                buf8[0, iv[V_FILL]] = a
-                buf8[1, iv[V_FILL]] = b
-                iv[V_FILL] += 1
-            iv[V_PHASE] = 1 - iv[V_PHASE]
+            buf8[0, iv[V_FILL]] = a
+            buf8[1, iv[V_FILL]] = b
+            iv[V_FILL] += 1
         val = 0.0
         if iv[V_FILL] == w8:
-            r = _analyse_frame(ip, fp, hann, kais, twc, tws, brev, buf8, sc, iv, spv, dpacc, ringp, ringb,
-                               work)
+            r = _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc, ringp, ringb,
+                               work, fbuf)
             if r > 0.0:
                 val = r
             for i in range(w8 - hop8):
@@ -580,19 +690,35 @@ def run_hops(ip, fp, sos, hann, kais, twc, tws, brev, zst, buf8, sc, iv, spv, dp
     return nhops
 
 
+@njit(cache=True)
+def _mag_b_len(ip):
+    """|B| bins: up to Nyquist, then zeros up to the highest harmonic the SHC reads."""
+    return max(ip[I_NFFT] // 2 + 1, ip[I_SHC_NH] * ip[I_SHC_MAX] + ip[I_SHC_HALF] + 1)
+
+
 def work_size(ip: np.ndarray) -> int:
     nfft = int(ip[I_NFFT])
     shc_len = max(int(ip[I_SHC_MAX]), int(ip[I_PK_MAX] + ip[I_PK_CENTER])) + 2
-    return (2 * nfft + 2 * (nfft // 2 + 1) + shc_len + int(ip[I_B8]) + 1 + int(ip[I_LAG_MAX]) + 2
+    return (2 * (nfft // 2 + 1) + int(_mag_b_len(ip)) + shc_len + int(ip[I_B8]) + 1 + int(ip[I_LAG_MAX]) + 2
             + 4 * _NCCF_PER_SIGNAL + 2 * _SPEC_CANDS + 3 * _NC)
 
 
 def fft_tables(nfft: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Twiddles (cos, -sin of 2πk/N, k < N/2) and the bit-reversal permutation."""
+    """Per-stage twiddles and the bit-reversal permutation: for each stage
+    half-size h (1, 2, 4, ... N/2), ``twr[h + k], twi[h + k]`` = cos, -sin of
+    2πk/(2h), k < h, taken from the same N/2-entry table as the C++ kernel
+    (so both hold bit-identical values)."""
     k = np.arange(nfft // 2)
+    twc, tws = np.cos(2 * np.pi * k / nfft), -np.sin(2 * np.pi * k / nfft)
+    twr, twi = np.zeros(nfft), np.zeros(nfft)
+    h = 1
+    while h < nfft:
+        idx = np.arange(h) * (nfft // (2 * h))
+        twr[h:2 * h], twi[h:2 * h] = twc[idx], tws[idx]
+        h *= 2
     bits = int(np.log2(nfft))
     brev = np.array([int(format(i, f"0{bits}b")[::-1], 2) for i in range(nfft)], np.int64)
-    return np.cos(2 * np.pi * k / nfft), -np.sin(2 * np.pi * k / nfft), brev
+    return twr.astype(np.float32), twi.astype(np.float32), brev
 
 
 class NumbaF0Kernel:
@@ -602,11 +728,16 @@ class NumbaF0Kernel:
     def __init__(self, derived: Derived) -> None:
         self._d = derived
         ip = derived.iparams
-        self._twc, self._tws, self._brev = fft_tables(int(ip[I_NFFT]))
+        self._twr, self._twi, self._brev = fft_tables(int(ip[I_NFFT]))
         n_bq = int(ip[I_NBQ])
         lag = int(ip[I_LAG])
         self._zst = np.zeros((2, n_bq, 2))
-        self._buf8 = np.zeros((2, int(ip[I_B8])))
+        self._hb = np.zeros((2, 2, _HB_HIST + HOP_SAMPLES // 2))
+        self._dec = np.zeros((2, HOP_SAMPLES // 2))
+        self._buf8 = np.zeros((2, int(ip[I_B8])), np.float32)
+        self._fbuf = np.zeros((4, int(ip[I_NFFT]) + 1), np.float32)  # re, im; spectrum in natural order
+        self._hann = derived.hann4.astype(np.float32)
+        self._kais = derived.kaiser4.astype(np.float32)
         self._sc = np.zeros(N_SCALARS)
         self._iv = np.zeros(N_IVARS, np.int64)
         self._spv = np.zeros((2, _SPEC_CANDS))
@@ -618,8 +749,8 @@ class NumbaF0Kernel:
 
     def reset(self) -> None:
         fp, ip = self._d.fparams, self._d.iparams
-        for a in (self._zst, self._buf8, self._sc, self._iv, self._spv, self._dpacc, self._ringp,
-                  self._ringb, self._work):
+        for a in (self._zst, self._hb, self._buf8, self._sc, self._iv, self._spv, self._dpacc, self._ringp,
+                  self._ringb, self._work, self._fbuf):
             a.fill(0)
         self._iv[V_FILL] = ip[I_B8] - ip[I_H8]
         prior = fp[F_PRIOR_F0]
@@ -633,6 +764,7 @@ class NumbaF0Kernel:
 
     def process_into(self, x: np.ndarray, out: np.ndarray) -> None:
         d = self._d
-        run_hops(d.iparams, d.fparams, d.sos, d.hann4, d.kaiser4, self._twc, self._tws, self._brev,
-                 self._zst, self._buf8, self._sc, self._iv, self._spv, self._dpacc, self._ringp, self._ringb,
-                 self._work, x, out)
+        run_hops(d.iparams, d.fparams, d.sos, self._hann, self._kais, self._twr, self._twi, self._brev,
+                 self._zst, self._hb, self._dec, self._buf8, self._sc, self._iv, self._spv, self._dpacc,
+                 self._ringp, self._ringb,
+                 self._work, self._fbuf, x, out)
