@@ -121,7 +121,9 @@ def _stream_cost(x: np.ndarray, kernel: str, config: F0Config, chunk: int) -> np
 
 
 def run_benchmark(data: Path, n_files: int, config: F0Config | None = None, chunk_ms: int = 20,
-                  progress=print) -> Report:
+                  progress=print, other_references: bool = True) -> Report:
+    """``n_files`` per corpus, evenly spaced (0: every file); ``other_references=False`` skips harvest
+    and Praat (pYAAPT, the reference of the GPE/VDE and speed figures, always runs)."""
     from rtanon.audio_io import read_audio
     from rtanon.f0.tracker import cpp_available, track
     from rtanon.kaldi import KaldiDir
@@ -131,8 +133,12 @@ def run_benchmark(data: Path, n_files: int, config: F0Config | None = None, chun
     kernels = ["cpp", "numba"] if cpp_available() else ["numba"]
     if "cpp" not in kernels:
         rep.skipped.append("C++ kernel: rtanon._core.F0Kernel not built (run scripts/dev-build.sh or pip install .)")
-    refs = {"harvest": harvest_f0, "praat": praat_f0}
+    refs = {"harvest": harvest_f0, "praat": praat_f0} if other_references else {}
+    if not other_references:
+        rep.skipped.append("harvest, Praat: not asked for (--references yaapt)")
     for name, mod in (("harvest", "pyworld"), ("praat", "parselmouth")):
+        if name not in refs:
+            continue
         try:
             __import__(mod)
         except ImportError:
@@ -148,7 +154,8 @@ def run_benchmark(data: Path, n_files: int, config: F0Config | None = None, chun
     for corpus in ("so762_dev", "libri_clips"):
         kd = KaldiDir.load(Path(data) / corpus)
         utts = sorted(kd.wav)
-        utts = utts[:: max(1, len(utts) // n_files)][:n_files]
+        if n_files:
+            utts = utts[:: max(1, len(utts) // n_files)][:n_files]
         for i, utt in enumerate(utts):
             x = read_audio(kd.wav[utt])
             all_audio.append(x)
