@@ -14,12 +14,13 @@ def register(sub) -> None:
                     "pip install amfm-decompy pyworld-prebuilt praat-parselmouth.")
     p.add_argument("--data", default="../shared/data", metavar="DIR",
                    help="folder holding so762_dev/ and libri_clips/ (default: ../shared/data)")
-    p.add_argument("--files", type=int, default=10, metavar="N",
-                   help="files per corpus, evenly spaced (default 10: a few minutes, pYAAPT dominates the time; "
-                        "0: every file, about 20 CPU-minutes with the other references, 6 without)")
-    p.add_argument("--references", choices=("all", "yaapt"), default="all",
-                   help="also run pyworld harvest and Praat (all, default) or only pYAAPT, the reference of "
-                        "every GPE/VDE and speed figure (yaapt: faster)")
+    p.add_argument("--files", type=int, default=0, metavar="N",
+                   help="files per corpus, evenly spaced (default 0: every file, about 6 CPU-minutes with pYAAPT "
+                        "alone; a 10-file sample takes a minute but its GPE swings by several points with a "
+                        "single hard file)")
+    p.add_argument("--references", choices=("all", "yaapt"), default="yaapt",
+                   help="only pYAAPT, the reference of every GPE/VDE and speed figure (yaapt, default), or also "
+                        "pyworld harvest and Praat (all: about 3x slower over every file; try --files 40)")
     p.add_argument("--chunk-ms", type=int, default=20, choices=(10, 20, 40), help="streaming chunk (default 20)")
     p.add_argument("--decision-lag", type=int, default=None, metavar="FRAMES",
                    help="override the fixed-lag decoder's lag (frames of 10 ms; adds to the lookahead)")
