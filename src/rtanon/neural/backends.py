@@ -128,6 +128,8 @@ class OnnxRuntimeBackend:
         if self._names[:4] != _input_names():
             raise ValueError(f"{onnx_path} is not a vocoder streaming graph (inputs {self._names})")
         self._state_shapes = [tuple(i.shape[1:]) for i in ins[4:]]
+        #: the graph's custom metadata (``export_onnx`` stores the vocoder config there)
+        self.metadata = dict(self._session.get_modelmeta().custom_metadata_map)
 
     def init_state(self, batch: int) -> list[np.ndarray]:
         return [np.zeros((batch, *s), np.float32) for s in self._state_shapes]

@@ -127,11 +127,13 @@ class NeuralVoiceModel:
         from rtanon.neural.backends import make_backend
 
         cfg = self.config
-        self.vocoder_config = read_onnx_config(path)
         if cfg.backend == "tensorrt":
+            self.vocoder_config = read_onnx_config(path)
             self.backend = make_backend("tensorrt", onnx_path=path)
-        else:
+        else:  # the backend's own session already holds the metadata: no second load of the graph
             self.backend = make_backend("onnxruntime", onnx_path=path, device=cfg.device, threads=cfg.threads)
+            raw = self.backend.metadata.get(CONFIG_METADATA_KEY)
+            self.vocoder_config = json.loads(raw) if raw else {}
 
     def new_identity(self, rng: np.random.Generator):
         """A fresh pseudo-speaker for one session (``strategy`` and ``gender`` from the config)."""
