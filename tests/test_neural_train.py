@@ -3,6 +3,7 @@ resumable loop on synthetic shards (a few CPU steps; resumed training equals uni
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -108,7 +109,8 @@ def test_blend_keeps_norm_and_moves_towards_another_speaker():
 
 def _config(steps):
     return TrainConfig(
-        vocoder=VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=16, min_channels=4),
+        vocoder=VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=16, min_channels=4,
+                              prenet_dilations=(1, 2), aux_mel_bins=80),
         discriminators=DiscriminatorConfig(mpd_channels=(4, 4, 8, 8, 8), msd_channels=(4, 8, 16, 16, 16, 16, 16),
                                            msd_scales=2),
         steps=steps, batch_size=2, segment_frames=6, context_frames=2, checkpoint_every=2, log_every=1,
@@ -123,6 +125,7 @@ def test_training_smoke_and_exact_resume(shard_dir, tmp_path):
     assert last["step"] == 3 and np.isfinite(last["g_total"]) and last["d_total"] > 0
     lines = [json.loads(x) for x in (straight / "train.log").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3] and "g_adv" not in lines[0] and "g_adv" in lines[1]
+    assert all(np.isfinite(r["g_aux_mel"]) and r["g_aux_mel"] > 0 for r in lines)
     assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["generator_step00000002.pt",
                                                                           "generator_step00000003.pt"]
     # two steps, stop, resume for the third: the same weights as three steps straight
@@ -171,3 +174,32 @@ def test_rtanon_train_vocoder_trains_resumes_and_exports(shard_dir, tmp_path, ca
     assert [json.loads(x)["step"] for x in (run / "train.log").read_text().splitlines()] == [1, 2]
     meta = read_onnx_config(run / "vocoder.onnx")
     assert meta["units_temperature"] == 0.05 and meta["units_dim"] == K and meta["speaker_dim"] == D
+
+
+def test_warm_start_adds_a_prenet_that_starts_as_identity(tmp_path):
+    """A checkpoint without the pre-net (the first CPU run's) warm-starts a model with one: the new residual
+    convolutions start at zero, so the audio is unchanged; other shape changes are refused."""
+    from dataclasses import replace
+
+    from rtanon.config import ConfigError
+    from rtanon.neural.train import warm_start
+    from rtanon.neural.vocoder import CausalNsfHifiGan
+
+    torch.manual_seed(0)
+    cfg = VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=16, min_channels=4)
+    old = CausalNsfHifiGan(cfg)
+    path = tmp_path / "old.pt"
+    saved = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("prenet_dilations", "aux_mel_bins")}
+    torch.save({"generator": old.state_dict(), "config": saved, "step": 7}, path)  # an old-format config
+    new_cfg = replace(cfg, prenet_dilations=(1, 2), aux_mel_bins=80)
+    ckpt = warm_start(path, new_cfg)
+    assert ckpt["step"] == 7
+    new = CausalNsfHifiGan(new_cfg)
+    new.load_state_dict(ckpt["generator"])
+    g = torch.Generator().manual_seed(1)
+    units, f0 = torch.rand(1, 6, K, generator=g), torch.full((1, 12), 140.0)
+    spk, noise = torch.randn(1, D, generator=g), torch.randn(1, 6 * 320, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(new(units, f0, spk, noise), old(units, f0, spk, noise), atol=1e-6, rtol=0)
+    with pytest.raises(ConfigError, match="does not fit"):
+        warm_start(path, replace(new_cfg, initial_channels=32))

@@ -27,8 +27,10 @@ from rtanon.neural.vocoder import (  # noqa: E402
 
 PARITY_ATOL = 1e-5
 FRAMES = 10
-# A small configuration keeps the tests fast; parity does not depend on the width.
-SMALL = VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4)
+# A small configuration keeps the tests fast; parity does not depend on the width. It has the pre-net
+# (its causal convolutions carry state like the others) and the training-only mel head.
+SMALL = VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4, prenet_dilations=(1, 2),
+                      aux_mel_bins=80)
 
 
 def _inputs(cfg: VocoderConfig, frames: int = FRAMES, batch: int = 2, seed: int = 0):
@@ -87,6 +89,20 @@ def test_wrong_shapes_raise_with_the_expected_shape(model):
         model(units[..., :-1], f0, spk, noise)
     with pytest.raises(ValueError, match="init_state"):
         model.forward_stream(units, f0, spk, noise, *model.init_state(1))
+
+
+def test_aux_mel_head_is_training_only(model):
+    """``forward_with_mel`` returns the offline audio plus two log-mel frames per 50 Hz frame; the streaming
+    step (the ONNX graph) computes the same audio without the head."""
+    units, f0, spk, noise = _inputs(SMALL)
+    with torch.no_grad():
+        audio, mel = model.forward_with_mel(units, f0, spk, noise)
+        torch.testing.assert_close(audio, model(units, f0, spk, noise), atol=0, rtol=0)
+    assert mel.shape == (2, 80, 2 * FRAMES)
+    plain = CausalNsfHifiGan(VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4))
+    assert plain.forward_with_mel(units, f0, spk, noise)[1] is None
+    with pytest.raises(ConfigError, match="prenet_dilations"):
+        VocoderConfig(aux_mel_bins=80).validate()
 
 
 def test_config_validation_says_how_to_fix():

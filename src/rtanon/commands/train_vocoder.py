@@ -41,6 +41,9 @@ def register(sub) -> None:
                    help="Eq. 1 temperature of the soft units (default 0.05; the neural method feeds the same)")
     p.add_argument("--blend-prob", type=float, default=0.2,
                    help="probability of blending a segment's speaker embedding with another's (default 0.2)")
+    p.add_argument("--prenet-dilations", default="1,2,4,1", metavar="D,D,...",
+                   help="dilations of the residual causal convolutions of the 50 Hz pre-net, trained with a "
+                        "frame-level mel loss (default 1,2,4,1; 'none' for the first run's model without one)")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -55,7 +58,8 @@ def run(args) -> int:
 
     from rtanon.errors import CliError
     from rtanon.neural.features import build_shards, default_extractors
-    from rtanon.neural.train import BlendWithOtherSpeaker, ShardDataset, TrainConfig, load_generator, train_vocoder
+    from rtanon.neural.train import (BlendWithOtherSpeaker, ShardDataset, TrainConfig, load_generator, train_vocoder,
+                                     warm_start)
     from rtanon.neural.vocoder import VocoderConfig, export_onnx
 
     if args.threads:
@@ -69,15 +73,25 @@ def run(args) -> int:
             raise CliError(str(exc)) from None
     data = ShardDataset(shards, units_temperature=args.units_temperature)
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        dilations = () if args.prenet_dilations.strip().lower() in ("", "none", "0") else \
+            tuple(int(d) for d in args.prenet_dilations.split(","))
+    except ValueError:
+        raise CliError(f"--prenet-dilations {args.prenet_dilations!r}: give integers like 1,2,4,1, or none") from None
+    prenet = {"prenet_dilations": dilations, "aux_mel_bins": 80 if dilations else 0}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
-                            units_temperature=data.units_temperature)
-    if args.init and not (args.out / "generator.pt").exists():
-        init = load_generator(args.init)
-        vocoder = init.config
+                            units_temperature=data.units_temperature, **prenet)
+    if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
+        vocoder = load_generator(args.out / "generator.pt").config
+    elif args.init:
+        vocoder = replace(load_generator(args.init).config, **prenet)
         if vocoder.units_temperature != data.units_temperature:
             raise CliError(f"--init {args.init} was trained on units at temperature {vocoder.units_temperature}; "
                            f"pass --units-temperature {vocoder.units_temperature}")
-        shutil.copyfile(args.init, args.out / "generator.pt")
+        try:
+            torch.save(warm_start(args.init, vocoder), args.out / "generator.pt")
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     adv = args.adversarial_start_step
     if adv is None:
         adv = 0 if device.startswith("cuda") else 10**9

@@ -288,6 +288,9 @@ class TrainConfig:
     adversarial_start_step: int = 0
     use_stft_loss: bool = True
     grad_clip: float = 1000.0
+    #: Weight of the pre-net's frame-level log-mel L1 (VocoderConfig.aux_mel_bins > 0 only; the waveform's own
+    #: mel L1 has weight 45 in Eq. 4).
+    aux_mel_weight: float = 15.0
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     log_every: int = 50
@@ -329,10 +332,42 @@ def load_generator(path: str | Path, device: str = "cpu"):
         return tuple(tuplify(x) for x in v) if isinstance(v, (list, tuple)) else v
 
     ckpt = torch.load(path, map_location=device, weights_only=True)
-    cfg = VocoderConfig(**{k: tuplify(v) for k, v in ckpt["config"].items()})
+    saved = {"prenet_dilations": (), "aux_mel_bins": 0, **ckpt["config"]}  # checkpoints from before the pre-net
+    cfg = VocoderConfig(**{k: tuplify(v) for k, v in saved.items()})
     model = CausalNsfHifiGan(cfg).to(device)
     model.load_state_dict(ckpt["generator"])
     return model.eval()
+
+
+def warm_start(path: str | Path, vocoder_config) -> dict:
+    """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may lack the
+    pre-net and its mel head (a checkpoint from before them): the missing residual pre-net convolutions start
+    at zero (weight-norm gain 0), so the new model computes what the old one did; training then grows them.
+    Every other weight must match in shape."""
+    import torch
+
+    from rtanon.neural.vocoder import CausalNsfHifiGan
+
+    old = load_generator(path)
+    model = CausalNsfHifiGan(vocoder_config)
+    try:
+        missing, unexpected = model.load_state_dict(old.state_dict(), strict=False)
+    except RuntimeError as exc:  # a shape mismatch
+        raise ConfigError(f"{path} does not fit the vocoder config: {str(exc).splitlines()[-1].strip()}") from None
+    new_parts = ("prenet.", "mel_head.")
+    if unexpected or any(not k.startswith(new_parts) for k in missing):
+        raise ConfigError(f"{path} does not fit the vocoder config: missing {missing[:4]}, unexpected "
+                          f"{unexpected[:4]}; only the pre-net and its mel head may be new")
+    with torch.no_grad():
+        for conv in model.prenet:
+            inner = conv.conv
+            if torch.nn.utils.parametrize.is_parametrized(inner, "weight"):
+                inner.parametrizations.weight.original0.zero_()
+            else:
+                inner.weight.zero_()
+            inner.bias.zero_()
+    step = int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+    return {"generator": model.state_dict(), "config": asdict(vocoder_config), "step": step}
 
 
 def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, device: str | None = None,
@@ -374,6 +409,10 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
     mel_loss = MelLoss().to(device)
+    aux_mel = config.vocoder.aux_mel_bins > 0
+    if aux_mel and mel_loss.mel.mel_basis.shape[0] != config.vocoder.aux_mel_bins:
+        raise ConfigError(f"aux_mel_bins={config.vocoder.aux_mel_bins}; it must equal the mel loss's "
+                          f"{mel_loss.mel.mel_basis.shape[0]} bands")
     stft_loss = MultiResolutionStftLoss().to(device) if config.use_stft_loss else None
 
     step = 0
@@ -428,7 +467,8 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             real = real[:, None, ctx:]
             adversarial = step >= config.adversarial_start_step
             with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
-                fake = gen(units, f0, spk, noise_t)[:, None, ctx:]
+                fake, mel_pred = gen.forward_with_mel(units, f0, spk, noise_t)
+                fake = fake[:, None, ctx:]
             fake = fake.float()
 
             d_loss_value = 0.0
@@ -454,6 +494,15 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             mel = mel_loss(fake, real)
             stft = stft_loss(fake, real) if stft_loss is not None else None
             g_loss, parts = generator_loss(mel, fake_scores, real_fmaps, fake_fmaps, stft)
+            if aux_mel:  # frame k of the head is the mel frame centred on sample 160 k of the segment
+                with torch.no_grad():
+                    target = mel_loss.mel(real[:, 0])  # frames centred on ctx + 160 k
+                k0 = 2 * config.context_frames
+                pred = mel_pred.float()[:, :, k0:k0 + target.shape[2]]
+                aux = torch.nn.functional.l1_loss(pred, target[:, :, :pred.shape[2]])
+                g_loss = g_loss + config.aux_mel_weight * aux
+                parts["aux_mel"] = float(aux.detach())
+                parts["total"] += config.aux_mel_weight * parts["aux_mel"]
             opt_g.zero_grad(set_to_none=True)
             scaler.scale(g_loss).backward()
             scaler.unscale_(opt_g)

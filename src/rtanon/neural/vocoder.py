@@ -91,6 +91,13 @@ class VocoderConfig:
     resblock_dilations: tuple[tuple[int, ...], ...] = ((1, 2), (2, 6), (3, 12))
     resblock_type: int = 2
     pre_kernel_size: int = 5
+    #: Dilations of the residual causal convolutions (kernel 3) of the frame-rate pre-net at 50 Hz, after the
+    #: input convolution: the content-to-spectrum mapping of one speaker is learnt there, cheaply. () = none
+    #: (the step-10,200 model of the first CPU run had none).
+    prenet_dilations: tuple[int, ...] = ()
+    #: Log-mel bands of the pre-net's auxiliary head (training only: a frame-level mel L1 that teaches the
+    #: pre-net fast; not part of the streaming graph). 0 = no head.
+    aux_mel_bins: int = 0
     f0_kernel_size: int = 3
     post_kernel_size: int = 7
     num_harmonics: int = 8
@@ -123,6 +130,11 @@ class VocoderConfig:
             raise ConfigError(f"units_dim={self.units_dim}, speaker_dim={self.speaker_dim}; both must be >= 1")
         if not 1 <= self.num_harmonics <= 64:
             raise ConfigError(f"num_harmonics={self.num_harmonics}; use 1 to 64")
+        if any(int(d) < 1 for d in self.prenet_dilations) or not 0 <= self.aux_mel_bins <= 256:
+            raise ConfigError(f"prenet_dilations={self.prenet_dilations}, aux_mel_bins={self.aux_mel_bins}; "
+                              "dilations must be >= 1 and aux_mel_bins 0 (none) to 256")
+        if self.aux_mel_bins and not self.prenet_dilations:
+            raise ConfigError("aux_mel_bins needs a pre-net: set prenet_dilations too (e.g. (1, 2, 4, 1))")
         if min(self.pre_kernel_size, self.f0_kernel_size, self.post_kernel_size) < 1:
             raise ConfigError("pre/f0/post kernel sizes must be >= 1")
 
@@ -263,6 +275,9 @@ class CausalNsfHifiGan(nn.Module):
         c0 = config.initial_channels
         self.conv_pre = CausalConv1d(slots, config.units_dim, c0, config.pre_kernel_size, 1, wn)
         self.spk_pre = nn.Linear(config.speaker_dim, c0)
+        self.prenet = nn.ModuleList(CausalConv1d(slots, c0, c0, 3, d, wn) for d in config.prenet_dilations)
+        # Two log-mel frames (100 Hz) per 50 Hz frame; training only (see forward_with_mel).
+        self.mel_head = nn.Conv1d(c0, 2 * config.aux_mel_bins, 1) if config.aux_mel_bins else None
         self.source = HarmonicSource(slots, config)
         self.ups = nn.ModuleList()
         self.spk_film = nn.ModuleList()
@@ -333,11 +348,22 @@ class CausalNsfHifiGan(nn.Module):
     def forward_stream(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
                        *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One streaming step over ``L >= 1`` frames: ``(audio (B, 320 L), *new_state)``."""
+        audio, new_state, _ = self._step(units, f0_hz, speaker, noise, state, want_mel=False)
+        return (audio, *new_state)
+
+    def _step(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
+              state: tuple[torch.Tensor, ...], want_mel: bool):
         self._check(units, f0_hz, speaker, noise, state)
         cur = self._unpack(state)
         new: list[torch.Tensor | None] = [None] * len(cur)
         b = units.shape[0]
         x = self.conv_pre(units.transpose(1, 2), cur, new) + self.spk_pre(speaker)[:, :, None]
+        for conv in self.prenet:
+            x = x + conv(F.leaky_relu(x, 0.1), cur, new)
+        mel = None
+        if want_mel and self.mel_head is not None:  # (B, 2 M, L) -> (B, M, 2 L): frame j gives mel frames 2j, 2j+1
+            m = self.mel_head(F.leaky_relu(x, 0.1))
+            mel = m.reshape(b, 2, -1, m.shape[2]).permute(0, 2, 3, 1).reshape(b, -1, 2 * m.shape[2])
         src = self.source(f0_hz, noise, cur, new)  # (B, 1, N)
         hist = torch.cat((cur[self.source_slot], src), dim=2)
         new[self.source_slot] = hist[:, :, -self.source_history:]
@@ -361,7 +387,7 @@ class CausalNsfHifiGan(nn.Module):
             x = xs / n_res
         x = self.conv_post(F.leaky_relu(x, 0.01), cur, new)
         audio = torch.tanh(x)[:, 0, :]
-        return (audio, *self._pack(new))
+        return audio, self._pack(new), mel
 
     def forward(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor,
                 noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -371,6 +397,14 @@ class CausalNsfHifiGan(nn.Module):
             noise = torch.randn(units.shape[0], HOP_SAMPLES * units.shape[1], device=units.device, dtype=units.dtype)
         state = self.init_state(units.shape[0], units.device, units.dtype)
         return self.forward_stream(units, f0_hz, speaker, noise, *state)[0]
+
+    def forward_with_mel(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor,
+                         noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Training: the offline call plus the pre-net's auxiliary log-mel ``(B, aux_mel_bins, 2 T)`` at 100 Hz
+        (frame ``k`` predicts the mel frame centred on sample ``160 k``), or None without a head."""
+        state = self.init_state(units.shape[0], units.device, units.dtype)
+        audio, _, mel = self._step(units, f0_hz, speaker, noise, state, want_mel=True)
+        return audio, mel
 
     def source_signal(self, f0_hz: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The NSF excitation alone: ``f0_hz`` (B, F) at 100 Hz, ``noise`` (B, 160 F) -> (B, 160 F)."""
