@@ -23,8 +23,12 @@ def random_vocoder(tmp_path_factory):
 
     from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
 
-    torch.manual_seed(0)
-    model = CausalNsfHifiGan(VocoderConfig(units_temperature=0.05))
+    torch.manual_seed(0)  # the shipped architecture: envelope source, pre-net, upsampling stack
+    model = CausalNsfHifiGan(VocoderConfig(units_temperature=0.05, source_type="envelope",
+                                           prenet_dilations=(1, 2, 4, 8, 1, 1)))
+    with torch.no_grad():  # random envelopes and a non-zero residual, so every part of the graph matters
+        model.env_head.weight.add_(0.1 * torch.randn_like(model.env_head.weight))
+        model.conv_post.conv.parametrizations.weight.original0.fill_(0.1)
     return export_onnx(model, tmp_path_factory.mktemp("voc") / "vocoder.onnx")
 
 
@@ -169,3 +173,18 @@ def test_bench_reports_neural_parts_and_batched_streams(random_vocoder, speech):
     assert all(r["step_p99_ms"] > 0 for r in streams["batches"])
     with pytest.raises(ValueError, match="neural"):
         bench.bench_streams(Anonymizer(AnonymizerConfig()), max_streams=1)
+
+
+def test_cli_vocoder_option_runs_given_weights_and_refuses_a_mismatch(random_vocoder, tmp_path):
+    import soundfile as sf
+
+    from rtanon.cli import main
+
+    x = (0.1 * np.sin(2 * np.pi * 150 * np.arange(16000) / 16000)).astype(np.float32)
+    sf.write(tmp_path / "in.wav", x, 16000)
+    assert main(["file", str(tmp_path / "in.wav"), str(tmp_path / "out.wav"), "--method", "neural",
+                 "--vocoder", str(random_vocoder), "--seed", "1"]) == 0
+    assert sf.info(str(tmp_path / "out.wav")).frames == 16000
+    assert main(["file", str(tmp_path / "in.wav"), str(tmp_path / "out2.wav"), "--method", "neural",
+                 "--vocoder", str(tmp_path / "generator.pt")]) == 2  # onnxruntime runs graphs, not checkpoints
+    assert not (tmp_path / "out2.wav").exists()

@@ -203,3 +203,45 @@ def test_warm_start_adds_a_prenet_that_starts_as_identity(tmp_path):
         torch.testing.assert_close(new(units, f0, spk, noise), old(units, f0, spk, noise), atol=1e-6, rtol=0)
     with pytest.raises(ConfigError, match="does not fit"):
         warm_start(path, replace(new_cfg, initial_channels=32))
+
+
+def test_envelope_source_trains_the_synthesiser_first_then_the_residual(shard_dir, tmp_path):
+    """``residual_start_step``: before it the upsampling stack is not run (its output convolution, which
+    starts at zero, gets no gradient and stays zero); from it on the stack's residual trains too."""
+    from dataclasses import replace
+
+    data = ShardDataset(shard_dir)
+    cfg = replace(_config(2), vocoder=VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=16, min_channels=4,
+                                                    prenet_dilations=(1, 2), source_type="envelope",
+                                                    envelope_points=16, envelope_harmonics=16, noise_taps=16),
+                  adversarial_start_step=10, residual_start_step=1, checkpoint_every=1)
+    run = tmp_path / "run"
+
+    def post_gain(step):
+        model = load_generator(run / "checkpoints" / f"generator_step{step:08d}.pt")
+        return float(model.conv_post.conv.parametrizations.weight.original0.detach().abs().max())
+
+    def env_head(step):
+        return load_generator(run / "checkpoints" / f"generator_step{step:08d}.pt").env_head.weight.detach().clone()
+
+    last = train_vocoder(cfg, data, run, device="cpu")
+    assert last["step"] == 2 and np.isfinite(last["g_total"])
+    assert post_gain(1) == 0.0  # synthesiser only
+    assert post_gain(2) > 0.0  # the residual joined
+    assert not torch.equal(env_head(1), env_head(2))  # the envelopes train throughout
+
+
+def test_warm_start_keeps_a_trained_prenet(tmp_path):
+    """``--init`` from a checkpoint of the same architecture continues it as it is."""
+    from rtanon.neural.train import warm_start
+    from rtanon.neural.vocoder import CausalNsfHifiGan
+
+    torch.manual_seed(0)
+    cfg = VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=16, min_channels=4, prenet_dilations=(1, 2),
+                        source_type="envelope", envelope_points=16, envelope_harmonics=16, noise_taps=16)
+    old = CausalNsfHifiGan(cfg)
+    path = tmp_path / "old.pt"
+    torch.save({"generator": old.state_dict(), "config": dataclasses.asdict(cfg), "step": 9}, path)
+    ckpt = warm_start(path, cfg)
+    for name, value in old.state_dict().items():
+        torch.testing.assert_close(ckpt["generator"][name], value, atol=0, rtol=0, msg=name)

@@ -136,6 +136,12 @@ class NeuralConfig:
             raise ConfigError(f"gender {self.gender!r}; use random, f or m")
         if self.pitch_method not in ("percentile", "log_gaussian", "minmax"):
             raise ConfigError(f"pitch_method {self.pitch_method!r}; use percentile, log_gaussian or minmax")
+        if self.vocoder_onnx and not str(self.vocoder_onnx).endswith(".onnx"):
+            raise ConfigError(f"vocoder {self.vocoder_onnx}: the {self.backend} backend runs an ONNX graph "
+                              "(OUT/vocoder.onnx of `rtanon train vocoder`); a generator.pt needs --backend torch")
+        if self.vocoder_checkpoint and not str(self.vocoder_checkpoint).endswith(".pt"):
+            raise ConfigError(f"vocoder {self.vocoder_checkpoint}: the torch backend loads a generator.pt "
+                              "checkpoint; an ONNX graph needs --backend onnxruntime or tensorrt")
 
 
 @dataclass(frozen=True)

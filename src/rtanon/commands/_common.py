@@ -22,6 +22,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "extra, tensorrt an NVIDIA GPU with TensorRT)")
     p.add_argument("--device", dest="neural_device", default=n.device, choices=("cpu", "cuda", "auto"),
                    help=f"neural method: vocoder device (default: {n.device})")
+    p.add_argument("--vocoder", metavar="FILE", default=None,
+                   help="neural method: other vocoder weights than the shipped ones, as `rtanon train vocoder` "
+                        "writes them: OUT/vocoder.onnx (onnxruntime, tensorrt) or OUT/generator.pt (torch)")
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
@@ -47,8 +50,13 @@ def identity_from_args(args: argparse.Namespace):
 
 
 def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
-    neural = replace(NeuralConfig(), backend=getattr(args, "backend", NeuralConfig.backend),
-                     device=getattr(args, "neural_device", NeuralConfig.device))
+    backend = getattr(args, "backend", NeuralConfig.backend)
+    vocoder = getattr(args, "vocoder", None)
+    weights = {}
+    if vocoder:
+        weights = {"vocoder_checkpoint": vocoder} if backend == "torch" else {"vocoder_onnx": vocoder}
+    neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "neural_device", NeuralConfig.device),
+                     **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
                    neural=neural)
 

@@ -1,4 +1,5 @@
-"""``rtanon train vocoder --data DIR [DIR ...] --out DIR``: the causal NSF-HiFi-GAN of the neural method."""
+"""``rtanon train vocoder --data DIR [DIR ...] --out DIR``: the causal HiFi-GAN vocoder of the neural method
+(envelope harmonic-plus-noise source by default, NSF sine source on request)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,17 @@ def register(sub) -> None:
                    help="Eq. 1 temperature of the soft units (default 0.05; the neural method feeds the same)")
     p.add_argument("--blend-prob", type=float, default=0.2,
                    help="probability of blending a segment's speaker embedding with another's (default 0.2)")
-    p.add_argument("--prenet-dilations", default="1,2,4,1", metavar="D,D,...",
-                   help="dilations of the residual causal convolutions of the 50 Hz pre-net, trained with a "
-                        "frame-level mel loss (default 1,2,4,1; 'none' for the first run's model without one)")
+    p.add_argument("--source", choices=("envelope", "nsf"), default="envelope",
+                   help="excitation: 'envelope' (default) = harmonic-plus-noise synthesis from spectral envelopes "
+                        "the 50 Hz pre-net predicts, plus the upsampling stack's learnt residual; 'nsf' = the "
+                        "fixed NSF sine source of the first CPU run, with a training-only mel head")
+    p.add_argument("--prenet-dilations", default=None, metavar="D,D,...",
+                   help="dilations of the residual causal convolutions of the 50 Hz pre-net (default 1,2,4,8,1,1 "
+                        "for the envelope source, 1,2,4,1 for nsf; 'none' for the nsf model without one)")
+    p.add_argument("--residual-start-step", type=int, default=d.residual_start_step,
+                   help="envelope source: train the synthesised speech alone (the upsampling stack not run, about "
+                        "half the cost of a step) until this step, then with the stack's residual "
+                        f"(default {d.residual_start_step})")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -73,18 +82,26 @@ def run(args) -> int:
             raise CliError(str(exc)) from None
     data = ShardDataset(shards, units_temperature=args.units_temperature)
     args.out.mkdir(parents=True, exist_ok=True)
+    envelope = args.source == "envelope"
+    spec = args.prenet_dilations or ("1,2,4,8,1,1" if envelope else "1,2,4,1")
     try:
-        dilations = () if args.prenet_dilations.strip().lower() in ("", "none", "0") else \
-            tuple(int(d) for d in args.prenet_dilations.split(","))
+        dilations = () if spec.strip().lower() in ("", "none", "0") else tuple(int(d) for d in spec.split(","))
     except ValueError:
-        raise CliError(f"--prenet-dilations {args.prenet_dilations!r}: give integers like 1,2,4,1, or none") from None
-    prenet = {"prenet_dilations": dilations, "aux_mel_bins": 80 if dilations else 0}
+        raise CliError(f"--prenet-dilations {spec!r}: give integers like 1,2,4,1, or none") from None
+    if envelope and not dilations:
+        raise CliError("--source envelope predicts its envelopes with the pre-net: give --prenet-dilations")
+    arch = {"prenet_dilations": dilations, "source_type": args.source,
+            "aux_mel_bins": 80 if dilations and not envelope else 0}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
-                            units_temperature=data.units_temperature, **prenet)
+                            units_temperature=data.units_temperature, **arch)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
         vocoder = load_generator(args.out / "generator.pt").config
     elif args.init:
-        vocoder = replace(load_generator(args.init).config, **prenet)
+        init_config = load_generator(args.init).config
+        if init_config.source_type != args.source:
+            raise CliError(f"--init {args.init} has the {init_config.source_type!r} source; pass --source "
+                           f"{init_config.source_type} to continue it, or leave --init out to train a new model")
+        vocoder = replace(init_config, **arch)
         if vocoder.units_temperature != data.units_temperature:
             raise CliError(f"--init {args.init} was trained on units at temperature {vocoder.units_temperature}; "
                            f"pass --units-temperature {vocoder.units_temperature}")
@@ -97,7 +114,8 @@ def run(args) -> int:
         adv = 0 if device.startswith("cuda") else 10**9
     config = replace(TrainConfig(), vocoder=vocoder, steps=args.steps, batch_size=args.batch_size,
                      segment_frames=args.segment_frames, adversarial_start_step=adv,
-                     learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed)
+                     learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed,
+                     residual_start_step=args.residual_start_step)
     try:
         config.validate()
     except ValueError as exc:

@@ -286,6 +286,9 @@ class TrainConfig:
     lr_decay: float = 0.999  # per lr_decay_every steps
     lr_decay_every: int = 1000
     adversarial_start_step: int = 0
+    #: Envelope source only: steps trained on the synthesised speech alone (the upsampling stack is not run,
+    #: so a step costs about half); the stack's residual joins at this step.
+    residual_start_step: int = 0
     use_stft_loss: bool = True
     grad_clip: float = 1000.0
     #: Weight of the pre-net's frame-level log-mel L1 (VocoderConfig.aux_mel_bins > 0 only; the waveform's own
@@ -343,7 +346,7 @@ def warm_start(path: str | Path, vocoder_config) -> dict:
     """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may lack the
     pre-net and its mel head (a checkpoint from before them): the missing residual pre-net convolutions start
     at zero (weight-norm gain 0), so the new model computes what the old one did; training then grows them.
-    Every other weight must match in shape."""
+    Pre-net convolutions the checkpoint has keep their weights. Every other weight must match in shape."""
     import torch
 
     from rtanon.neural.vocoder import CausalNsfHifiGan
@@ -359,7 +362,9 @@ def warm_start(path: str | Path, vocoder_config) -> dict:
         raise ConfigError(f"{path} does not fit the vocoder config: missing {missing[:4]}, unexpected "
                           f"{unexpected[:4]}; only the pre-net and its mel head may be new")
     with torch.no_grad():
-        for conv in model.prenet:
+        for i, conv in enumerate(model.prenet):
+            if not any(k.startswith(f"prenet.{i}.") for k in missing):
+                continue  # trained in the old checkpoint: kept
             inner = conv.conv
             if torch.nn.utils.parametrize.is_parametrized(inner, "weight"):
                 inner.parametrizations.weight.original0.zero_()
@@ -466,8 +471,9 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                                              for a in (b["units"], b["f0_hz"], emb, noise, b["audio"]))
             real = real[:, None, ctx:]
             adversarial = step >= config.adversarial_start_step
+            residual = config.vocoder.source_type != "envelope" or step >= config.residual_start_step
             with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
-                fake, mel_pred = gen.forward_with_mel(units, f0, spk, noise_t)
+                fake, mel_pred = gen.forward_with_mel(units, f0, spk, noise_t, residual=residual)
                 fake = fake[:, None, ctx:]
             fake = fake.float()
 
@@ -559,6 +565,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every)
     ap.add_argument("--log-every", type=int, default=TrainConfig.log_every)
     ap.add_argument("--adversarial-start-step", type=int, default=TrainConfig.adversarial_start_step)
+    ap.add_argument("--residual-start-step", type=int, default=TrainConfig.residual_start_step)
     ap.add_argument("--vocoder-config", default="{}", help="VocoderConfig fields as JSON (units_dim and "
                                                           "speaker_dim come from the shards)")
     ap.add_argument("--discriminator-config", default="{}", help="DiscriminatorConfig fields as JSON")
@@ -591,6 +598,7 @@ def main(argv: list[str] | None = None) -> None:
                      context_frames=a.context_frames,
                      checkpoint_every=a.checkpoint_every, log_every=a.log_every,
                      adversarial_start_step=a.adversarial_start_step, seed=a.seed,
+                     residual_start_step=a.residual_start_step,
                      learning_rate=a.learning_rate)
     print(f"{len(data)} utterances, {data.total_seconds / 3600:.2f} h from {len(data.shard_files)} shard(s); "
           f"{data.embeddings.shape[0]} speakers", flush=True)

@@ -100,6 +100,15 @@ class VocoderConfig:
     aux_mel_bins: int = 0
     f0_kernel_size: int = 3
     post_kernel_size: int = 7
+    #: Excitation: "nsf" = the fixed NSF sine-plus-noise source (the first CPU run's model), "envelope" = the
+    #: :class:`EnvelopeSynth` harmonic-plus-noise synthesiser driven by two spectral envelopes the pre-net
+    #: predicts per 10 ms frame; the upsampling stack then adds a learnt residual to the synthesised speech.
+    source_type: str = "nsf"
+    #: Envelope source: mel-spaced points (0-8 kHz) of each log-amplitude envelope, harmonics synthesised
+    #: (those below 7.8 kHz), and taps of the per-frame noise FIR (linear phase, delay taps/2 samples).
+    envelope_points: int = 48
+    envelope_harmonics: int = 64
+    noise_taps: int = 64
     num_harmonics: int = 8
     sine_amp: float = 0.1
     noise_std_voiced: float = 0.003
@@ -135,6 +144,14 @@ class VocoderConfig:
                               "dilations must be >= 1 and aux_mel_bins 0 (none) to 256")
         if self.aux_mel_bins and not self.prenet_dilations:
             raise ConfigError("aux_mel_bins needs a pre-net: set prenet_dilations too (e.g. (1, 2, 4, 1))")
+        if self.source_type not in ("nsf", "envelope"):
+            raise ConfigError(f"source_type={self.source_type!r}; use 'nsf' (fixed sine source) or 'envelope' "
+                              "(harmonic-plus-noise synthesis from predicted spectral envelopes)")
+        if not 8 <= self.envelope_points <= 128 or not 1 <= self.envelope_harmonics <= 256 \
+                or self.noise_taps not in (16, 32, 64, 128):
+            raise ConfigError(f"envelope_points={self.envelope_points}, envelope_harmonics="
+                              f"{self.envelope_harmonics}, noise_taps={self.noise_taps}; use 8-128 points, 1-256 "
+                              "harmonics and 16, 32, 64 or 128 taps")
         if min(self.pre_kernel_size, self.f0_kernel_size, self.post_kernel_size) < 1:
             raise ConfigError("pre/f0/post kernel sizes must be >= 1")
 
@@ -262,6 +279,101 @@ class HarmonicSource(nn.Module):
         return merged + std * noise[:, None, :]
 
 
+def _hz_to_mel(f):
+    return 2595.0 * torch.log10(1.0 + f / 700.0) if isinstance(f, torch.Tensor) else 2595.0 * math.log10(1.0 + f / 700.0)
+
+
+class EnvelopeSynth(nn.Module):
+    """Harmonic-plus-noise synthesis from two log-amplitude spectral envelopes per 10 ms F0 frame (the
+    DDSP / neural-homomorphic idea: the network predicts the spectrum, signal processing makes the
+    waveform, so the pitch is exactly the given F0 and the formants stay where the envelope puts them).
+
+    Envelopes are ``(B, M, F)`` natural-log amplitudes at ``M`` points equally spaced on the mel scale from
+    0 to 8 kHz, frame ``k`` for samples ``[160 k, 160 k + 160)``; between points they are interpolated
+    linearly (in mel).
+
+    - Harmonics ``h = 1..H`` of the F0 (voiced frames, below 7.8 kHz), each with amplitude
+      ``exp(env_harm(h f0))``; the amplitudes move linearly over each frame from the previous frame's
+      values (carried in the state), and the phase is the exact integer phase of :class:`HarmonicSource`.
+    - Noise: the white ``noise`` input through a per-frame FIR of ``T`` taps whose magnitude response is
+      ``exp(env_noise)`` (zero phase, delayed by ``T/2`` samples, Hann-windowed), crossfaded linearly from
+      the previous frame's filter. The filter is a fixed cosine matrix applied to the magnitudes, so the
+      graph has no FFT.
+
+    State slots: the phase (1), the last frame's harmonic amplitudes (H), its noise FIR (T) and the last
+    ``T - 1`` noise samples.
+    """
+
+    def __init__(self, slots: _Slots, config: VocoderConfig) -> None:
+        super().__init__()
+        m, h, t = config.envelope_points, config.envelope_harmonics, config.noise_taps
+        self.num_harmonics, self.taps = h, t
+        nyq = SAMPLE_RATE_HZ / 2
+        points = torch.linspace(0.0, _hz_to_mel(nyq), m, dtype=torch.float64)
+        self.register_buffer("mel_points", points.float(), persistent=False)
+        self.mel_step = float(points[1] - points[0])
+        # noise FIR: magnitudes at the T/2 + 1 bins of a T-point DFT, interpolated from the envelope points
+        bins = torch.arange(t // 2 + 1, dtype=torch.float64) * (SAMPLE_RATE_HZ / t)
+        w = torch.clamp(1.0 - (_hz_to_mel(bins)[:, None] - points[None, :]).abs() / self.mel_step, min=0.0)
+        self.register_buffer("bin_interp", w.float(), persistent=False)  # (T/2+1, M)
+        n = torch.arange(t, dtype=torch.float64) - t // 2
+        b = torch.arange(t // 2 + 1, dtype=torch.float64)
+        weight = torch.full((t // 2 + 1,), 2.0, dtype=torch.float64)
+        weight[0] = weight[-1] = 1.0
+        hann = torch.hann_window(t, periodic=False, dtype=torch.float64)
+        cos = weight[:, None] * torch.cos(2.0 * math.pi * b[:, None] * n[None, :] / t) / t * hann[None, :]
+        self.register_buffer("fir_basis", cos.float(), persistent=False)  # (T/2+1, T)
+        j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64)
+        self.register_buffer("tap_index", j[:, None] + torch.arange(t, dtype=torch.int64)[None, :],
+                             persistent=False)  # (160, T)
+        self.register_buffer("ramp", (j.float() + 1.0) / F0_HOP_SAMPLES, persistent=False)
+        self.phase_slot = slots.add(1, 1)
+        self.amp_slot = slots.add(h, 1)
+        self.fir_slot = slots.add(t, 1)
+        self.noise_slot = slots.add(1, t - 1)
+
+    def forward(self, f0_hz: torch.Tensor, env_harm: torch.Tensor, env_noise: torch.Tensor, noise: torch.Tensor,
+                state: list[torch.Tensor], new: list[torch.Tensor | None]) -> torch.Tensor:
+        """``f0_hz`` (B, F) at 100 Hz, envelopes (B, M, F), ``noise`` (B, 160 F) -> speech (B, 1, 160 F)."""
+        b, n_frames = f0_hz.shape
+        f0 = torch.clamp(f0_hz, min=0.0)
+        voiced = (f0 > 0.0).to(f0.dtype)
+        # exact integer phase, as in HarmonicSource
+        inc = torch.round(f0 * (_PHASE_ONE / SAMPLE_RATE_HZ)).to(torch.int64)
+        adv = inc * F0_HOP_SAMPLES
+        phase0 = state[self.phase_slot].reshape(b, 1).to(torch.int64)
+        cum = torch.cumsum(adv, dim=1)
+        start = torch.remainder(phase0 + cum - adv, _PHASE_ONE)
+        new[self.phase_slot] = torch.remainder(phase0 + cum[:, -1:], _PHASE_ONE).to(f0.dtype).reshape(b, 1, 1)
+        j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64, device=f0.device)
+        p = torch.remainder(start[:, :, None] + inc[:, :, None] * j, _PHASE_ONE)  # (B, F, 160)
+        h = torch.arange(1, self.num_harmonics + 1, dtype=torch.int64, device=f0.device)
+        ph = torch.remainder(p[:, :, None, :] * h[None, None, :, None], _PHASE_ONE)  # (B, F, H, 160)
+        sines = torch.sin(ph.to(f0.dtype) * (2.0 * math.pi / _PHASE_ONE))
+        fh = f0[:, :, None] * h.to(f0.dtype)  # (B, F, H)
+        w = torch.clamp(1.0 - (_hz_to_mel(fh)[..., None] - self.mel_points).abs() / self.mel_step, min=0.0)
+        log_amp = torch.einsum("bfhm,bmf->bfh", w, env_harm)
+        amp = torch.exp(torch.clamp(log_amp, max=4.0)) * (fh < 7800.0).to(f0.dtype) * voiced[:, :, None]
+        prev = torch.cat((state[self.amp_slot].transpose(1, 2), amp[:, :-1]), dim=1)
+        new[self.amp_slot] = amp[:, -1:].transpose(1, 2)
+        s_cur = torch.einsum("bfh,bfhn->bfn", amp, sines)
+        s_prev = torch.einsum("bfh,bfhn->bfn", prev, sines)
+        harmonic = s_prev + (s_cur - s_prev) * self.ramp
+        # noise through per-frame FIR filters, crossfaded
+        mag = torch.exp(torch.clamp(torch.einsum("km,bmf->bfk", self.bin_interp, env_noise), max=4.0))
+        fir = mag @ self.fir_basis  # (B, F, T)
+        fir_prev = torch.cat((state[self.fir_slot].transpose(1, 2), fir[:, :-1]), dim=1)
+        new[self.fir_slot] = fir[:, -1:].transpose(1, 2)
+        x = torch.cat((state[self.noise_slot][:, 0], noise), dim=1)  # (B, T - 1 + 160 F)
+        new[self.noise_slot] = x[:, None, -(self.taps - 1):]
+        offsets = torch.arange(n_frames, dtype=torch.int64, device=f0.device) * F0_HOP_SAMPLES
+        frames = x[:, offsets[:, None, None] + self.tap_index]  # (B, F, 160, T)
+        y_cur = torch.einsum("bfnt,bft->bfn", frames, fir)
+        y_prev = torch.einsum("bfnt,bft->bfn", frames, fir_prev)
+        noisy = y_prev + (y_cur - y_prev) * self.ramp
+        return (harmonic + noisy).reshape(b, 1, n_frames * F0_HOP_SAMPLES)
+
+
 class CausalNsfHifiGan(nn.Module):
     """The generator. See the module docstring for shapes, rates and state."""
 
@@ -278,7 +390,16 @@ class CausalNsfHifiGan(nn.Module):
         self.prenet = nn.ModuleList(CausalConv1d(slots, c0, c0, 3, d, wn) for d in config.prenet_dilations)
         # Two log-mel frames (100 Hz) per 50 Hz frame; training only (see forward_with_mel).
         self.mel_head = nn.Conv1d(c0, 2 * config.aux_mel_bins, 1) if config.aux_mel_bins else None
-        self.source = HarmonicSource(slots, config)
+        self.envelope = config.source_type == "envelope"
+        if self.envelope:  # two 100 Hz frames of both envelopes per 50 Hz frame
+            m = config.envelope_points
+            self.env_head = nn.Conv1d(c0, 4 * m, 1)
+            with torch.no_grad():  # start quiet: harmonics about -40 dB, noise about -50 dB
+                self.env_head.weight.mul_(0.1)
+                self.env_head.bias.copy_(torch.tensor([-4.5] * m + [-5.5] * m).repeat(2))
+            self.source = EnvelopeSynth(slots, config)
+        else:
+            self.source = HarmonicSource(slots, config)
         self.ups = nn.ModuleList()
         self.spk_film = nn.ModuleList()
         self.source_convs = nn.ModuleList()
@@ -298,6 +419,14 @@ class CausalNsfHifiGan(nn.Module):
         self.source_slot = slots.add(1, self.source_history)
         self.f0_conv = CausalConv1d(slots, 2, chans[0], config.f0_kernel_size, 1, wn)
         self.conv_post = CausalConv1d(slots, chans[-1], 1, config.post_kernel_size, 1, wn)
+        if self.envelope:  # the stack's residual starts at zero: the synthesised speech alone
+            with torch.no_grad():
+                inner = self.conv_post.conv
+                if nn.utils.parametrize.is_parametrized(inner, "weight"):
+                    inner.parametrizations.weight.original0.zero_()
+                else:
+                    inner.weight.zero_()
+                inner.bias.zero_()
         self._slot_shapes = list(slots.shapes)
         self._groups = sorted({c for c, _ in self._slot_shapes})
         self._group_slots = [[i for i, (c, _) in enumerate(self._slot_shapes) if c == g] for g in self._groups]
@@ -352,7 +481,7 @@ class CausalNsfHifiGan(nn.Module):
         return (audio, *new_state)
 
     def _step(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
-              state: tuple[torch.Tensor, ...], want_mel: bool):
+              state: tuple[torch.Tensor, ...], want_mel: bool, residual: bool = True):
         self._check(units, f0_hz, speaker, noise, state)
         cur = self._unpack(state)
         new: list[torch.Tensor | None] = [None] * len(cur)
@@ -364,7 +493,15 @@ class CausalNsfHifiGan(nn.Module):
         if want_mel and self.mel_head is not None:  # (B, 2 M, L) -> (B, M, 2 L): frame j gives mel frames 2j, 2j+1
             m = self.mel_head(F.leaky_relu(x, 0.1))
             mel = m.reshape(b, 2, -1, m.shape[2]).permute(0, 2, 3, 1).reshape(b, -1, 2 * m.shape[2])
-        src = self.source(f0_hz, noise, cur, new)  # (B, 1, N)
+        if self.envelope:
+            e = self.env_head(F.leaky_relu(x, 0.1))  # (B, 4 M, L) -> (B, 2 M, 2 L)
+            e = e.reshape(b, 2, -1, e.shape[2]).permute(0, 2, 3, 1).reshape(b, -1, 2 * e.shape[2])
+            m = self.config.envelope_points
+            src = self.source(f0_hz, e[:, :m], e[:, m:], noise, cur, new)
+            if not residual:
+                return torch.tanh(src)[:, 0, :], None, mel
+        else:
+            src = self.source(f0_hz, noise, cur, new)  # (B, 1, N)
         hist = torch.cat((cur[self.source_slot], src), dim=2)
         new[self.source_slot] = hist[:, :, -self.source_history:]
         f0 = torch.clamp(f0_hz, min=0.0)
@@ -386,6 +523,8 @@ class CausalNsfHifiGan(nn.Module):
                 xs = xs + block(x, cur, new)
             x = xs / n_res
         x = self.conv_post(F.leaky_relu(x, 0.01), cur, new)
+        if self.envelope:
+            x = x + src
         audio = torch.tanh(x)[:, 0, :]
         return audio, self._pack(new), mel
 
@@ -399,15 +538,21 @@ class CausalNsfHifiGan(nn.Module):
         return self.forward_stream(units, f0_hz, speaker, noise, *state)[0]
 
     def forward_with_mel(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor,
-                         noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         noise: torch.Tensor, residual: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Training: the offline call plus the pre-net's auxiliary log-mel ``(B, aux_mel_bins, 2 T)`` at 100 Hz
-        (frame ``k`` predicts the mel frame centred on sample ``160 k``), or None without a head."""
+        (frame ``k`` predicts the mel frame centred on sample ``160 k``), or None without a head.
+        ``residual=False`` (envelope source only): the synthesised speech alone, without running the
+        upsampling stack (a cheap first phase of training)."""
+        if not residual and not self.envelope:
+            raise ValueError("residual=False needs source_type='envelope'")
         state = self.init_state(units.shape[0], units.device, units.dtype)
-        audio, _, mel = self._step(units, f0_hz, speaker, noise, state, want_mel=True)
+        audio, _, mel = self._step(units, f0_hz, speaker, noise, state, want_mel=True, residual=residual)
         return audio, mel
 
     def source_signal(self, f0_hz: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The NSF excitation alone: ``f0_hz`` (B, F) at 100 Hz, ``noise`` (B, 160 F) -> (B, 160 F)."""
+        if self.envelope:
+            raise ValueError("source_signal is the NSF source; the envelope source needs the pre-net's envelopes")
         cur = self._unpack(self.init_state(f0_hz.shape[0], f0_hz.device, f0_hz.dtype))
         return self.source(f0_hz, noise, cur, [None] * len(cur))[:, 0, :]
 
