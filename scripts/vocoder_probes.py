@@ -1,0 +1,132 @@
+"""Where does the neural voice lose intelligibility? Two probes on the vocoder's feature shards.
+
+    PYTHONPATH=src python scripts/vocoder_probes.py oracle --shards runs/vocoder/shards [--utt 2]
+    PYTHONPATH=src python scripts/vocoder_probes.py units --shards runs/vocoder/shards [--shift 0] [--logits]
+
+``oracle``: how close can the envelope synthesiser (``rtanon.neural.vocoder.EnvelopeSynth``) get to one
+real utterance when its two envelopes are free parameters per 10 ms frame, fitted by gradient descent with
+the training losses (45 x mel L1 + MR-STFT)? Prints the log-mel L1 reached (the rendering's floor).
+
+``units``: how much of the spectrum do the content units carry? A causal conv net (the vocoder pre-net's
+shape: 6 residual layers at 256 channels) regresses 100 Hz log-mel frames from the soft units plus the
+speaker embedding on every third shard and reports the log-mel L1 on ``shard_00001`` (utterances it never
+saw; its speakers may overlap the fitted shards'). ``--shift N`` gives the net N frames (20 ms each) of
+lookahead; ``--logits`` feeds log-probabilities instead of the sharpened units.
+
+Both run on one CPU thread in a few minutes. Shards: ``rtanon train vocoder`` writes them to OUT/shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtanon.neural.losses import MelLoss, MelSpectrogram, MultiResolutionStftLoss
+from rtanon.neural.train import ShardDataset
+from rtanon.neural.vocoder import EnvelopeSynth, VocoderConfig, _Slots
+
+
+def oracle(args) -> None:
+    cfg = VocoderConfig(source_type="envelope")
+    data = ShardDataset(args.shards, ["shard_00000.npz"], units_temperature=0.05)
+    f, t = int(data.offsets[args.utt]), int(data.frames[args.utt])
+    target = torch.from_numpy(data.audio[320 * f:320 * (f + t)] / 32768.0).float()[None]
+    f0 = torch.from_numpy(data.f0_hz[2 * f:2 * (f + t)])[None]
+    slots = _Slots()
+    synth = EnvelopeSynth(slots, cfg)
+    m, frames = cfg.envelope_points, 2 * t
+    env_h = torch.full((1, m, frames), -4.5, requires_grad=True)
+    env_n = torch.full((1, m, frames), -5.5, requires_grad=True)
+    opt = torch.optim.Adam([env_h, env_n], 0.05)
+    mel_loss, stft_loss = MelLoss(), MultiResolutionStftLoss()
+    noise = torch.randn(1, 160 * frames)
+    for step in range(args.steps + 1):
+        state = [torch.zeros(1, c, n) for c, n in slots.shapes]
+        y = torch.tanh(synth(f0, env_h, env_n, noise, state, [None] * len(state)))[:, 0]
+        mel = mel_loss(y, target)
+        loss = 45.0 * mel + stft_loss(y, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0:
+            print(f"oracle step {step}: log-mel L1 {float(mel.detach()):.3f}", flush=True)
+
+
+class _Regressor(nn.Module):
+    def __init__(self, units_dim: int, speaker_dim: int, channels: int = 256,
+                 dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 1)) -> None:
+        super().__init__()
+        self.inp = nn.Conv1d(units_dim, channels, 5)
+        self.spk = nn.Linear(speaker_dim, channels)
+        self.dilations = dilations
+        self.layers = nn.ModuleList(nn.Conv1d(channels, channels, 3, dilation=d) for d in dilations)
+        self.out = nn.Conv1d(channels, 160, 1)
+
+    def forward(self, units: torch.Tensor, speaker: torch.Tensor) -> torch.Tensor:
+        """units (B, T, K), speaker (B, S) -> log-mel (B, 80, 2T), causal."""
+        x = self.inp(F.pad(units.transpose(1, 2), (4, 0))) + self.spk(speaker)[:, :, None]
+        for layer, d in zip(self.layers, self.dilations):
+            x = x + layer(F.pad(F.leaky_relu(x, 0.1), (2 * d, 0)))
+        m = self.out(F.leaky_relu(x, 0.1))
+        b = m.shape[0]
+        return m.reshape(b, 2, 80, -1).permute(0, 2, 3, 1).reshape(b, 80, -1)
+
+
+def units(args) -> None:
+    temperature = None if args.logits else 0.05
+    fit = ShardDataset(args.shards, [f"shard_{i:05d}.npz" for i in range(0, 29, 3)], units_temperature=temperature)
+    held = ShardDataset(args.shards, ["shard_00001.npz"], units_temperature=temperature)
+    mel = MelSpectrogram()
+    net = _Regressor(fit.units_dim, fit.embeddings.shape[1])
+    opt = torch.optim.AdamW(net.parameters(), 1e-3)
+
+    def loss_on(ds: ShardDataset, rng: np.random.Generator) -> torch.Tensor:
+        b = ds.batch(rng, 32, 48)
+        u = torch.from_numpy(b["units"])
+        if args.logits:
+            u = torch.log(u + 1e-4) / 5.0
+        if args.shift:
+            u = torch.cat((u[:, args.shift:], torch.zeros_like(u[:, :args.shift])), 1)
+        target = mel(torch.from_numpy(b["audio"]))[:, :, :96]
+        pred = net(u, torch.from_numpy(ds.embeddings[b["speaker"]]))[:, :, :target.shape[2]]
+        return F.l1_loss(pred[:, :, 8:], target[:, :, 8:])
+
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        loss = loss_on(fit, np.random.default_rng([1, step]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 250 == 0 or step == args.steps - 1:
+            with torch.no_grad():
+                h = np.mean([float(loss_on(held, np.random.default_rng([9, k]))) for k in range(10)])
+            print(f"units step {step}: fitted {float(loss.detach()):.3f}, unseen utterances {h:.3f} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="probe", required=True)
+    p = sub.add_parser("oracle", help="the synthesiser's floor with free envelopes")
+    p.add_argument("--shards", required=True)
+    p.add_argument("--utt", type=int, default=2, help="utterance index in shard_00000 (default 2)")
+    p.add_argument("--steps", type=int, default=300)
+    p.set_defaults(func=oracle)
+    p = sub.add_parser("units", help="log-mel regressed from the content units")
+    p.add_argument("--shards", required=True)
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--shift", type=int, default=0, help="frames of lookahead given to the regressor")
+    p.add_argument("--logits", action="store_true", help="log-probabilities instead of units at temperature 0.05")
+    p.set_defaults(func=units)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
