@@ -95,7 +95,7 @@ class McAdamsConfig:
 
 @dataclass(frozen=True)
 class NeuralConfig:
-    """The ``neural`` method: content encoder + F0 tracker + pitch mapping + causal NSF-HiFi-GAN.
+    """The ``neural`` method: content encoder + F0 tracker + pitch mapping + causal HiFi-GAN vocoder.
 
     ``backend`` runs the vocoder (``onnxruntime``: CPU default; ``torch``: CPU or CUDA; ``tensorrt``:
     NVIDIA GPUs with TensorRT installed); ``device`` "cpu", "cuda" or "auto"; ``threads`` for ONNX

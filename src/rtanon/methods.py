@@ -66,8 +66,8 @@ class McAdamsMethod:
 
 
 class NeuralMethod:
-    """Content units + mapped F0 + a pseudo-speaker through the causal NSF-HiFi-GAN
-    (:mod:`rtanon.stages.neural`). Each session draws a fresh PseudoSpeaker (GMM by
+    """Content units + mapped F0 + a pseudo-speaker through the causal HiFi-GAN vocoder
+    (harmonic-plus-noise source; :mod:`rtanon.stages.neural`). Each session draws a fresh PseudoSpeaker (GMM by
     default) unless one is pinned."""
 
     name = "neural"

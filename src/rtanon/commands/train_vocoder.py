@@ -13,7 +13,8 @@ def register(sub) -> None:
 
     d = TrainConfig()
     p = sub.add_parser(
-        "vocoder", help="causal NSF-HiFi-GAN vocoder on content units, F0 and speaker embeddings",
+        "vocoder", help="causal HiFi-GAN vocoder (harmonic-plus-noise source) on content units, F0 and "
+                        "speaker embeddings",
         description="Extracts features once into OUT/shards (the shipped content encoder's soft units, the "
                     "rtanon F0 track, one speaker embedding per training speaker from the speaker pool or "
                     "resemblyzer), then trains the vocoder from OUT/generator.pt when it exists (resumable; "

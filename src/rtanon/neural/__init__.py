@@ -1,4 +1,4 @@
-"""Neural voice conversion: a causal NSF-HiFi-GAN vocoder and what trains and runs it.
+"""Neural voice conversion: a causal HiFi-GAN vocoder (harmonic-plus-noise source), what trains and runs it.
 
 Map of the subpackage (needs the ``[neural]`` extra: torch, onnx, onnxruntime;
 nothing here is imported by the engine or the CPU live path yet):

@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
     from rtanon.neural.vocoder import VocoderConfig
 
     ap = argparse.ArgumentParser(prog="python -m rtanon.neural.train",
-                                 description="Train (or resume training of) the causal NSF-HiFi-GAN vocoder "
+                                 description="Train (or resume training of) the causal HiFi-GAN vocoder "
                                              "on feature shards.")
     ap.add_argument("--shards", required=True, help="shard directory (manifest.json, speakers.npz, shard_*.npz)")
     ap.add_argument("--shard-files", help="comma-separated shard files to load (default: all present)")

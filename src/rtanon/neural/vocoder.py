@@ -1,11 +1,20 @@
-"""Causal NSF-HiFi-GAN vocoder with explicit streaming state.
+"""Causal HiFi-GAN vocoder with a harmonic-plus-noise source and explicit streaming state.
 
 The generator of HiFi-GAN (Kong et al. 2020: transposed-convolution
 upsampling, each followed by a multi-receptive-field fusion of residual
 blocks), made causal, conditioned the SSL-SAS way (Miao et al. 2022,
-Sec. 3.4) on content, F0 and a speaker vector, and driven by an NSF-style
-harmonic-plus-noise source (Wang & Yamagishi) so that the output pitch
-follows the given F0.
+Sec. 3.4) on content, F0 and a speaker vector, and driven by a
+harmonic-plus-noise source built from the F0, so that the output pitch
+follows the given F0 exactly. Two sources (``VocoderConfig.source_type``):
+
+- ``"envelope"`` (the shipped model): a 50 Hz pre-net predicts, per 10 ms,
+  a harmonic and a noise spectral envelope; :class:`EnvelopeSynth` renders
+  them as harmonics of the F0 plus filtered noise (DDSP / neural homomorphic
+  vocoder style). That speech feeds the upsampling stack as its excitation,
+  and the stack adds a learnt residual to it (zero at initialisation).
+- ``"nsf"``: the fixed NSF sine-plus-noise excitation (Wang & Yamagishi)
+  whose waveform the stack turns into speech on its own (the first CPU run's
+  model; it did not become intelligible in 10k CPU steps).
 
 Rates: 50 Hz conditioning frames, 16 kHz audio, x320 in total. With the
 default ``upsample_rates=(2, 5, 4, 4, 2)`` the stages run at 100 Hz, 500 Hz,
@@ -280,7 +289,10 @@ class HarmonicSource(nn.Module):
 
 
 def _hz_to_mel(f):
-    return 2595.0 * torch.log10(1.0 + f / 700.0) if isinstance(f, torch.Tensor) else 2595.0 * math.log10(1.0 + f / 700.0)
+    """HTK mel scale of a tensor or a float (Hz)."""
+    if isinstance(f, torch.Tensor):
+        return 2595.0 * torch.log10(1.0 + f / 700.0)
+    return 2595.0 * math.log10(1.0 + f / 700.0)
 
 
 class EnvelopeSynth(nn.Module):

@@ -1,4 +1,4 @@
-"""The neural voice: content units + mapped F0 + pseudo-speaker -> causal NSF-HiFi-GAN.
+"""The neural voice: content units + mapped F0 + pseudo-speaker -> causal HiFi-GAN (harmonic-plus-noise source).
 
 ``NeuralVoiceModel`` is the shared part (built once per Anonymizer): the
 content encoder's ONNX Runtime session, the vocoder backend and the identity
