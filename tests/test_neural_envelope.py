@@ -166,3 +166,19 @@ def test_config_validation_says_how_to_fix():
         VocoderConfig(source_type="sine").validate()
     with pytest.raises(ConfigError, match="taps"):
         VocoderConfig(source_type="envelope", noise_taps=48).validate()
+
+
+def test_projection_units_are_normalised_inside_the_graph():
+    """``units_kind="z"``: the content encoder's projections are L2-normalised by the graph, so their scale
+    does not matter; soft units are used as they are."""
+    cfg = VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4, prenet_dilations=(1,),
+                        source_type="envelope", envelope_points=16, envelope_harmonics=16, noise_taps=16,
+                        units_kind="z")
+    torch.manual_seed(0)
+    m = CausalNsfHifiGan(cfg).eval()
+    units, f0, spk, noise = _inputs(cfg)
+    z = torch.randn_like(units)
+    with torch.no_grad():
+        torch.testing.assert_close(m(3.0 * z, f0, spk, noise), m(z, f0, spk, noise), atol=1e-6, rtol=0)
+    with pytest.raises(ConfigError, match="units_kind"):
+        VocoderConfig(units_kind="logits").validate()

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from rtanon.config import AnonymizerConfig, NeuralConfig  # noqa: E402
+from rtanon.config import AnonymizerConfig, ConfigError, NeuralConfig  # noqa: E402
 from rtanon.engine import Anonymizer  # noqa: E402
 
 
@@ -188,3 +188,27 @@ def test_cli_vocoder_option_runs_given_weights_and_refuses_a_mismatch(random_voc
     assert main(["file", str(tmp_path / "in.wav"), str(tmp_path / "out2.wav"), "--method", "neural",
                  "--vocoder", str(tmp_path / "generator.pt")]) == 2  # onnxruntime runs graphs, not checkpoints
     assert not (tmp_path / "out2.wav").exists()
+
+
+def test_a_vocoder_trained_on_projections_gets_projections(tmp_path):
+    """The graph's ``units_kind`` chooses what the content encoder feeds: 256-dim projections for a vocoder
+    trained on them, and the method runs end to end on them."""
+    import torch
+
+    from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
+    from rtanon.stages.neural import NeuralVoiceModel
+
+    torch.manual_seed(0)
+    voc = CausalNsfHifiGan(VocoderConfig(units_dim=256, units_kind="z", source_type="envelope",
+                                         prenet_dilations=(1,), initial_channels=64))
+    path = export_onnx(voc, tmp_path / "z.onnx")
+    model = NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(path)))
+    assert model.content.config.output == "z" and model.units_dim == 256
+    stage = model.open_stream(320, model.new_identity(np.random.default_rng(0)), np.random.default_rng(1))
+    x = (0.1 * np.sin(2 * np.pi * 140 * np.arange(16000) / 16000)).astype(np.float32)
+    out = np.concatenate([stage.process(x[i:i + 320]) for i in range(0, 16000, 320)])
+    assert out.shape == (16000,) and np.isfinite(out).all() and np.abs(out).max() > 0
+    bad = export_onnx(CausalNsfHifiGan(VocoderConfig(units_dim=100, units_kind="z", initial_channels=64)),
+                      tmp_path / "bad.onnx")
+    with pytest.raises(ConfigError, match="256"):
+        NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(bad)))

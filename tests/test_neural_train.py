@@ -245,3 +245,25 @@ def test_warm_start_keeps_a_trained_prenet(tmp_path):
     ckpt = warm_start(path, cfg)
     for name, value in old.state_dict().items():
         torch.testing.assert_close(ckpt["generator"][name], value, atol=0, rtol=0, msg=name)
+
+
+def test_shards_record_their_content_kind_and_training_checks_it(tmp_path):
+    from dataclasses import replace
+
+    from rtanon.config import ConfigError
+    from rtanon.neural.train import ShardWriter
+
+    w = ShardWriter(tmp_path / "z", units_dim=K, units_kind="z")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        w.add(f"u{i}", 0, rng.standard_normal((12, K)).astype(np.float32), np.full(24, 120.0, np.float32),
+              0.1 * rng.standard_normal(12 * 320).astype(np.float32))
+    w.close(["s0"], rng.standard_normal((1, D)).astype(np.float32))
+    data = ShardDataset(tmp_path / "z", units_temperature=0.05)  # nothing to sharpen in projections
+    assert data.units_kind == "z"
+    assert np.array_equal(data.units[:2], np.load(tmp_path / "z" / "shard_00000.npz")["units"][:2])
+    cfg = replace(_config(1), adversarial_start_step=10)
+    with pytest.raises(ConfigError, match="'z'"):
+        train_vocoder(cfg, data, tmp_path / "run", device="cpu")
+    z_cfg = replace(cfg, vocoder=replace(cfg.vocoder, units_kind="z", units_temperature=data.units_temperature))
+    assert train_vocoder(z_cfg, data, tmp_path / "run", device="cpu")["step"] == 1

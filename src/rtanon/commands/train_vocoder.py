@@ -47,6 +47,10 @@ def register(sub) -> None:
                    help="excitation: 'envelope' (default) = harmonic-plus-noise synthesis from spectral envelopes "
                         "the 50 Hz pre-net predicts, plus the upsampling stack's learnt residual; 'nsf' = the "
                         "fixed NSF sine source of the first CPU run, with a training-only mel head")
+    p.add_argument("--units", choices=("probs", "z"), default="probs",
+                   help="content the vocoder is conditioned on: the encoder's soft units ('probs', default, "
+                        "sharpened to --units-temperature) or its 256-dim unit-space projections ('z': more of "
+                        "the spectrum, and more of the speaker; measure both with rtanon eval)")
     p.add_argument("--prenet-dilations", default=None, metavar="D,D,...",
                    help="dilations of the residual causal convolutions of the 50 Hz pre-net (default 1,2,4,8,1,1 "
                         "for the envelope source, 1,2,4,1 for nsf; 'none' for the nsf model without one)")
@@ -78,10 +82,15 @@ def run(args) -> int:
     shards = args.shards or args.out / "shards"
     if not (shards / "manifest.json").exists():
         try:
-            build_shards(list(args.data), shards, default_extractors(), units_dim=128)
+            extractors = default_extractors(units_kind=args.units)
+            dim = 128 if args.units == "probs" else 256
+            build_shards(list(args.data), shards, extractors, units_dim=dim, units_kind=args.units)
         except ValueError as exc:
             raise CliError(str(exc)) from None
     data = ShardDataset(shards, units_temperature=args.units_temperature)
+    if data.units_kind != args.units:
+        raise CliError(f"{shards} holds content {data.units_kind!r}, not {args.units!r}: pass --units "
+                       f"{data.units_kind}, or another --shards/--out for new shards")
     args.out.mkdir(parents=True, exist_ok=True)
     envelope = args.source == "envelope"
     spec = args.prenet_dilations or ("1,2,4,8,1,1" if envelope else "1,2,4,1")
@@ -94,7 +103,7 @@ def run(args) -> int:
     arch = {"prenet_dilations": dilations, "source_type": args.source,
             "aux_mel_bins": 80 if dilations and not envelope else 0}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
-                            units_temperature=data.units_temperature, **arch)
+                            units_temperature=data.units_temperature, units_kind=data.units_kind, **arch)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
         vocoder = load_generator(args.out / "generator.pt").config
     elif args.init:

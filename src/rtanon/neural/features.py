@@ -52,13 +52,15 @@ class Extractors:
     speaker_by_id: Callable[[str], np.ndarray | None] | None = None
 
 
-def default_extractors(f0_kernel: str = "auto") -> Extractors:
-    """rtanon's content encoder, F0 tracker and speaker embeddings (pool first, resemblyzer otherwise)."""
-    from rtanon.content.stream import ContentEncoderModel
+def default_extractors(f0_kernel: str = "auto", units_kind: str = "probs") -> Extractors:
+    """rtanon's content encoder, F0 tracker and speaker embeddings (pool first, resemblyzer otherwise).
+    ``units_kind``: the content encoder's soft units ("probs", at its trained temperature) or its
+    unit-space projections ("z")."""
+    from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig
     from rtanon.f0.tracker import track
     from rtanon.identity.pool import SpeakerPool, _unit
 
-    content = ContentEncoderModel()
+    content = ContentEncoderModel(config=ContentStreamConfig(output=units_kind))
     pool = SpeakerPool.load_default()
     row = {str(s): i for i, s in enumerate(pool.speaker_ids)}
     encoder = None
@@ -108,10 +110,11 @@ def _aligned(units: np.ndarray, f0: np.ndarray, audio: np.ndarray) -> tuple[np.n
 def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: Extractors, units_dim: int, *,
                  augmentations: tuple[Augmentation, ...] = (), max_shard_mib: float = 16.0,
                  speakers: set[str] | None = None, min_frames: int = 10, allow_eval_dirs: bool = False,
-                 progress: bool = True) -> Path:
+                 progress: bool = True, units_kind: str = "probs") -> Path:
     """Writes shards for every utterance (of ``speakers`` only, when given) of ``data_dirs``, plus one
     perturbed copy per augmentation; returns the manifest path. Speakers are processed one at a time
-    (their utterances in memory together, for the embedding)."""
+    (their utterances in memory together, for the embedding). ``units_kind`` is recorded in the manifest
+    ("probs" or "z": what ``extractors.units`` returns)."""
     from tqdm import tqdm
 
     from rtanon.audio_io import read_audio
@@ -123,7 +126,7 @@ def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: E
         if not allow_eval_dirs and ("dev" in name or "test" in name):
             raise ValueError(f"{d.root} looks like evaluation data; never train on it (so762_dev is for "
                              "evaluation only). Pass allow_eval_dirs=True only for a deliberate exception.")
-    writer = ShardWriter(out_dir, units_dim, max_shard_mib)
+    writer = ShardWriter(out_dir, units_dim, max_shard_mib, units_kind=units_kind)
     speaker_ids: list[str] = []
     embeddings: list[np.ndarray] = []
     jobs = []

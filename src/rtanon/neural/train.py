@@ -78,8 +78,10 @@ class ShardWriter:
     ``manifest.json``. Use as a context manager only when the speakers are known up front.
     """
 
-    def __init__(self, out_dir: str | Path, units_dim: int, max_shard_mib: float = 16.0) -> None:
+    def __init__(self, out_dir: str | Path, units_dim: int, max_shard_mib: float = 16.0,
+                 units_kind: str = "probs") -> None:
         self.out_dir = Path(out_dir)
+        self.units_kind = units_kind
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.units_dim = units_dim
         self.max_bytes = int(max_shard_mib * 2**20)
@@ -135,7 +137,8 @@ class ShardWriter:
         if emb.ndim != 2 or emb.shape[0] != len(speaker_ids):
             raise ValueError(f"speaker_embeddings must be ({len(speaker_ids)}, S), got {emb.shape}")
         np.savez(self.out_dir / "speakers.npz", embeddings=emb, ids=np.asarray(speaker_ids))
-        manifest = {"format": SHARD_FORMAT, "units_dim": self.units_dim, "speaker_dim": int(emb.shape[1]),
+        manifest = {"format": SHARD_FORMAT, "units_dim": self.units_dim, "units_kind": self.units_kind,
+                    "speaker_dim": int(emb.shape[1]),
                     "sample_rate_hz": SAMPLE_RATE_HZ, "frame_rate_hz": FRAME_RATE_HZ, "f0_rate_hz": F0_RATE_HZ,
                     "speakers": list(speaker_ids), "shards": self._entries}
         path = self.out_dir / "manifest.json"
@@ -148,7 +151,8 @@ class ShardDataset:
     the files named in ``shards``), held in memory, with random fixed-length segments.
 
     ``units_temperature``: sharpen the stored soft units to this Eq. 1 temperature on load (the shards
-    hold them at the content encoder's trained 0.1).
+    hold them at the content encoder's trained 0.1); ignored for shards of projections
+    (``units_kind`` "z" in the manifest).
 
     ``batch(rng, batch_size, segment_frames)`` -> dict of numpy arrays: ``units`` (B, S, K) float32,
     ``f0_hz`` (B, 2S) float32, ``audio`` (B, 320 S) float32 in [-1, 1], ``speaker`` (B,) int64 rows of
@@ -164,6 +168,9 @@ class ShardDataset:
             raise ValueError(f"{shard_dir} is not a {SHARD_FORMAT} directory (format {manifest.get('format')!r})")
         self.manifest = manifest
         self.units_dim = int(manifest["units_dim"])
+        self.units_kind = str(manifest.get("units_kind", "probs"))
+        if self.units_kind != "probs":
+            units_temperature = None  # projections are not a distribution: nothing to sharpen
         spk = np.load(shard_dir / "speakers.npz")
         self.embeddings = spk["embeddings"].astype(np.float32)
         wanted = set(shards) if shards is not None else None
@@ -453,7 +460,10 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     record: dict = {}
     log = open(run_dir / "train.log", "a")
     t_last = t_start = time.perf_counter()
-    if data.units_temperature != config.vocoder.units_temperature:
+    if data.units_kind != config.vocoder.units_kind:
+        raise ConfigError(f"the shards hold content {data.units_kind!r}, the vocoder config expects "
+                          f"{config.vocoder.units_kind!r}; build shards of the right kind")
+    if data.units_kind == "probs" and data.units_temperature != config.vocoder.units_temperature:
         raise ConfigError(f"the dataset's units are at temperature {data.units_temperature}, the vocoder config "
                           f"says {config.vocoder.units_temperature}; load the shards with "
                           "ShardDataset(..., units_temperature=config.vocoder.units_temperature)")
@@ -591,7 +601,7 @@ def main(argv: list[str] | None = None) -> None:
                         units_temperature=a.units_temperature)
     vkw = {k: tuplify(v) for k, v in json.loads(a.vocoder_config).items()}
     vkw.update(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
-               units_temperature=data.units_temperature)
+               units_temperature=data.units_temperature, units_kind=data.units_kind)
     dkw = {k: tuplify(v) for k, v in json.loads(a.discriminator_config).items()}
     config = replace(TrainConfig(), vocoder=VocoderConfig(**vkw), discriminators=DiscriminatorConfig(**dkw),
                      steps=a.steps, batch_size=a.batch_size, segment_frames=a.segment_frames,

@@ -93,6 +93,9 @@ class VocoderConfig:
     #: Eq. 1 temperature of the soft units the vocoder is trained on and must be fed (metadata: the graph
     #: does not use it; see ``rtanon.content.stream.sharpen_units``).
     units_temperature: float = 0.1
+    #: What the content encoder feeds: "probs" = soft units (K = n_units, at ``units_temperature``), "z" = its
+    #: unit-space projections (D = unit_dim), L2-normalised inside the graph (scaled by 4).
+    units_kind: str = "probs"
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8
@@ -153,6 +156,9 @@ class VocoderConfig:
                               "dilations must be >= 1 and aux_mel_bins 0 (none) to 256")
         if self.aux_mel_bins and not self.prenet_dilations:
             raise ConfigError("aux_mel_bins needs a pre-net: set prenet_dilations too (e.g. (1, 2, 4, 1))")
+        if self.units_kind not in ("probs", "z"):
+            raise ConfigError(f"units_kind={self.units_kind!r}; use 'probs' (soft units) or 'z' (the content "
+                              "encoder's unit-space projections)")
         if self.source_type not in ("nsf", "envelope"):
             raise ConfigError(f"source_type={self.source_type!r}; use 'nsf' (fixed sine source) or 'envelope' "
                               "(harmonic-plus-noise synthesis from predicted spectral envelopes)")
@@ -498,6 +504,8 @@ class CausalNsfHifiGan(nn.Module):
         cur = self._unpack(state)
         new: list[torch.Tensor | None] = [None] * len(cur)
         b = units.shape[0]
+        if self.config.units_kind == "z":
+            units = 4.0 * units / torch.sqrt((units * units).sum(-1, keepdim=True) + 1e-8)
         x = self.conv_pre(units.transpose(1, 2), cur, new) + self.spk_pre(speaker)[:, :, None]
         for conv in self.prenet:
             x = x + conv(F.leaky_relu(x, 0.1), cur, new)

@@ -6,7 +6,8 @@ machinery. ``NeuralVoiceStage`` is one session's stage (the usual contract:
 ``process(chunk)``, ``reset()``, ``hop``, ``latency_samples``). Per chunk it
 
 1. runs the causal content encoder (soft units at 50 Hz, sharpened to the
-   temperature the vocoder was trained on),
+   temperature the vocoder was trained on, or its unit-space projections when
+   the vocoder was trained on those: the graph's ``units_kind``),
 2. runs the streaming F0 tracker (100 Hz, 20 ms lookahead) and maps each
    voiced value to the pseudo-speaker's F0 quantiles with the online
    percentile mapping (:class:`rtanon.f0.convert.StreamingPitchConverter`),
@@ -117,10 +118,13 @@ class NeuralVoiceModel:
                 with packaged_path(PACKAGED_ONNX) as p:
                     self._build_onnx(p)
         temperature = float(self.vocoder_config.get("units_temperature", 0.1))
-        self.content = ContentEncoderModel(config=ContentStreamConfig(temperature=temperature))
-        if self.content.n_units != int(self.vocoder_config.get("units_dim", self.content.n_units)):
-            raise ConfigError(f"the vocoder expects {self.vocoder_config['units_dim']} content units, the content "
-                              f"encoder gives {self.content.n_units}: retrain the vocoder on this encoder's units")
+        kind = str(self.vocoder_config.get("units_kind", "probs"))
+        self.content = ContentEncoderModel(config=ContentStreamConfig(temperature=temperature, output=kind))
+        given = self.content.n_units if kind == "probs" else self.content.unit_dim
+        if given != int(self.vocoder_config.get("units_dim", given)):
+            raise ConfigError(f"the vocoder expects {self.vocoder_config['units_dim']}-dim content {kind}, the "
+                              f"content encoder gives {given}: retrain the vocoder on this encoder's output")
+        self.units_dim = given
         self.identities = IdentityModel()
 
     def _build_onnx(self, path: Path) -> None:
@@ -163,6 +167,7 @@ class NeuralVoiceStage:
         self._hop = hop
         self.identity = identity
         self.content = model.content.open_stream(hop)
+        self._units_dim = model.units_dim
         self.f0 = F0Tracker(hop=hop)
         self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                              PitchConversionConfig(method=model.config.pitch_method))
@@ -188,7 +193,7 @@ class NeuralVoiceStage:
         self.f0.reset()
         self.pitch.reset()
         self.vocoder.reset()
-        self._units = np.zeros((0, self.content.model.n_units), np.float32)
+        self._units = np.zeros((0, self._units_dim), np.float32)
         self._f0 = np.zeros(0, np.float32)
         self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
         self._out = np.zeros(self._delay, np.float32)
