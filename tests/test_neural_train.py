@@ -167,6 +167,9 @@ def test_rtanon_train_vocoder_trains_resumes_and_exports(shard_dir, tmp_path, ca
     run = tmp_path / "run"
     argv = ["train", "vocoder", "--data", str(shard_dir), "--shards", str(shard_dir), "--out", str(run),
             "--batch-size", "1", "--segment-frames", "8", "--device", "cpu", "--checkpoint-every", "1"]
+    assert main([*argv, "--steps", "1"]) == 2  # the default --units z does not match these soft-unit shards
+    assert "holds content 'probs'" in capsys.readouterr().err
+    argv += ["--units", "probs"]
     assert main([*argv, "--steps", "1"]) == 0
     assert main([*argv, "--steps", "2"]) == 0
     out = capsys.readouterr().out

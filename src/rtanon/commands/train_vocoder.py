@@ -33,12 +33,12 @@ def register(sub) -> None:
                    help="start from these generator weights (e.g. the shipped generator.pt) when OUT has none")
     p.add_argument("--steps", type=int, default=d.steps, help=f"total steps of the run (default {d.steps})")
     p.add_argument("--max-minutes", type=float, help="stop this call after this many minutes, with a checkpoint")
-    p.add_argument("--batch-size", type=int, default=8, help="segments per step (default 8; 16 on a GPU)")
+    p.add_argument("--batch-size", type=int, default=16, help="segments per step (default 16)")
     p.add_argument("--segment-frames", type=int, default=32, help="frames of 20 ms per segment (default 32)")
     p.add_argument("--adversarial-start-step", type=int, default=None,
                    help="step at which the MPD/MSD adversarial and feature-matching losses join (default: "
                         "never on CPU, where they cost ~10x per step; 0 on CUDA)")
-    p.add_argument("--learning-rate", type=float, default=5e-4, help="AdamW learning rate (default 5e-4)")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--units-temperature", type=float, default=0.05,
                    help="Eq. 1 temperature of the soft units (default 0.05; the neural method feeds the same)")
     p.add_argument("--blend-prob", type=float, default=0.2,
@@ -47,10 +47,10 @@ def register(sub) -> None:
                    help="excitation: 'envelope' (default) = harmonic-plus-noise synthesis from spectral envelopes "
                         "the 50 Hz pre-net predicts, plus the upsampling stack's learnt residual; 'nsf' = the "
                         "fixed NSF sine source of the first CPU run, with a training-only mel head")
-    p.add_argument("--units", choices=("probs", "z"), default="probs",
-                   help="content the vocoder is conditioned on: the encoder's soft units ('probs', default, "
-                        "sharpened to --units-temperature) or its 256-dim unit-space projections ('z': more of "
-                        "the spectrum, and more of the speaker; measure both with rtanon eval)")
+    p.add_argument("--units", choices=("z", "probs"), default="z",
+                   help="content the vocoder is conditioned on: the encoder's 256-dim unit-space projections "
+                        "('z', default: what the shipped vocoder uses) or its soft units ('probs', sharpened to "
+                        "--units-temperature: less of the speaker, and less of the speech)")
     p.add_argument("--prenet-dilations", default=None, metavar="D,D,...",
                    help="dilations of the residual causal convolutions of the 50 Hz pre-net (default 1,2,4,8,1,1 "
                         "for the envelope source, 1,2,4,1 for nsf; 'none' for the nsf model without one)")

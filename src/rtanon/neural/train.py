@@ -295,7 +295,7 @@ class TrainConfig:
     adversarial_start_step: int = 0
     #: Envelope source only: steps trained on the synthesised speech alone (the upsampling stack is not run,
     #: so a step costs about half); the stack's residual joins at this step.
-    residual_start_step: int = 0
+    residual_start_step: int = 4000
     use_stft_loss: bool = True
     grad_clip: float = 1000.0
     #: Weight of the pre-net's frame-level log-mel L1 (VocoderConfig.aux_mel_bins > 0 only; the waveform's own
