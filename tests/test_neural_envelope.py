@@ -15,28 +15,12 @@ torch = pytest.importorskip("torch")
 
 from rtanon.config import ConfigError  # noqa: E402
 from rtanon.neural.vocoder import HOP_SAMPLES, CausalNsfHifiGan, VocoderConfig, export_onnx  # noqa: E402
+# the NSF tests' inputs, chunking and one-thread fixture (autouse)
+from test_neural_vocoder import _chunked_torch, _inputs, _one_torch_thread  # noqa: E402,F401
 
 FRAMES = 10
 SMALL = VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4, prenet_dilations=(1, 2),
                       source_type="envelope", envelope_points=24, envelope_harmonics=40, noise_taps=32)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _inputs(cfg: VocoderConfig, frames: int = FRAMES, batch: int = 2, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    units = torch.softmax(3 * torch.randn(batch, frames, cfg.units_dim, generator=g), dim=-1)
-    f0 = 80 + 220 * torch.rand(batch, 2 * frames, generator=g)
-    f0[:, 3:7] = 0.0  # an unvoiced stretch across chunk boundaries
-    spk = torch.randn(batch, cfg.speaker_dim, generator=g)
-    noise = torch.randn(batch, HOP_SAMPLES * frames, generator=g)
-    return units, f0, spk, noise
 
 
 @pytest.fixture(scope="module")
@@ -51,25 +35,13 @@ def model():
     return m.eval()
 
 
-def _chunked(model, units, f0, spk, noise, frames_per_call):
-    state = model.init_state(units.shape[0])
-    outs = []
-    with torch.no_grad():
-        for s in range(0, units.shape[1], frames_per_call):
-            e = s + frames_per_call
-            out, *state = model.forward_stream(units[:, s:e], f0[:, 2 * s:2 * e], spk,
-                                               noise[:, HOP_SAMPLES * s:HOP_SAMPLES * e], *state)
-            outs.append(out)
-    return torch.cat(outs, dim=1)
-
-
 @pytest.mark.parametrize("frames_per_call", [1, 2, 4])
 def test_torch_streaming_equals_offline(model, frames_per_call):
     units, f0, spk, noise = _inputs(SMALL)
     with torch.no_grad():
         offline = model(units, f0, spk, noise)
     assert offline.abs().max() > 0.05  # the test means something: there is signal
-    torch.testing.assert_close(_chunked(model, units, f0, spk, noise, frames_per_call), offline, atol=1e-5, rtol=0)
+    torch.testing.assert_close(_chunked_torch(model, units, f0, spk, noise, frames_per_call), offline, atol=1e-5, rtol=0)
 
 
 def test_onnxruntime_streaming_equals_offline(model, tmp_path):
