@@ -245,6 +245,23 @@ class ResBlock(nn.Module):
         return x
 
 
+def _running_phase(f0: torch.Tensor, phase_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact integer phase of every sample: ``f0`` (B, F) Hz at 100 Hz (>= 0), ``phase_state`` (B, 1, 1)
+    -> phases (B, F, 160) int64 in units of 2**-24 cycles, and the new state (B, 1, 1) float32.
+
+    The per-sample increment ``round(f0 / 16000 * 2**24)`` is constant over a 10 ms frame, so any
+    chunking gives bit-identical phases; the carried phase is an integer below 2**24, exact in float32."""
+    b = f0.shape[0]
+    inc = torch.round(f0 * (_PHASE_ONE / SAMPLE_RATE_HZ)).to(torch.int64)  # (B, F) per sample
+    adv = inc * F0_HOP_SAMPLES  # phase advance over one F0 frame
+    phase0 = phase_state.reshape(b, 1).to(torch.int64)
+    cum = torch.cumsum(adv, dim=1)
+    start = torch.remainder(phase0 + cum - adv, _PHASE_ONE)  # (B, F) phase at each frame start
+    new = torch.remainder(phase0 + cum[:, -1:], _PHASE_ONE).to(f0.dtype).reshape(b, 1, 1)
+    j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64, device=f0.device)
+    return torch.remainder(start[:, :, None] + inc[:, :, None] * j, _PHASE_ONE), new
+
+
 class HarmonicSource(nn.Module):
     """NSF harmonic-plus-noise excitation at 16 kHz from F0 at 100 Hz.
 
@@ -273,14 +290,7 @@ class HarmonicSource(nn.Module):
         b, n_frames = f0_hz.shape
         f0 = torch.clamp(f0_hz, min=0.0)
         voiced = (f0 > 0.0).to(f0.dtype)  # (B, F)
-        inc = torch.round(f0 * (_PHASE_ONE / SAMPLE_RATE_HZ)).to(torch.int64)  # (B, F) per sample
-        adv = inc * F0_HOP_SAMPLES  # phase advance over one F0 frame
-        phase0 = state[self.phase_slot].reshape(b, 1).to(torch.int64)
-        cum = torch.cumsum(adv, dim=1)
-        start = torch.remainder(phase0 + cum - adv, _PHASE_ONE)  # (B, F) phase at each frame start
-        new[self.phase_slot] = torch.remainder(phase0 + cum[:, -1:], _PHASE_ONE).to(f0.dtype).reshape(b, 1, 1)
-        j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64, device=f0.device)
-        p = torch.remainder(start[:, :, None] + inc[:, :, None] * j, _PHASE_ONE)  # (B, F, 160)
+        p, new[self.phase_slot] = _running_phase(f0, state[self.phase_slot])  # (B, F, 160)
         h = torch.arange(1, self.num_harmonics + 1, dtype=torch.int64, device=f0.device)
         ph = torch.remainder(p[:, None, :, :] * h[None, :, None, None], _PHASE_ONE)  # (B, H, F, 160)
         sines = torch.sin(ph.to(f0.dtype) * (2.0 * math.pi / _PHASE_ONE))
@@ -312,7 +322,7 @@ class EnvelopeSynth(nn.Module):
 
     - Harmonics ``h = 1..H`` of the F0 (voiced frames, below 7.8 kHz), each with amplitude
       ``exp(env_harm(h f0))``; the amplitudes move linearly over each frame from the previous frame's
-      values (carried in the state), and the phase is the exact integer phase of :class:`HarmonicSource`.
+      values (carried in the state), and the phase is exact integer arithmetic (:func:`_running_phase`).
     - Noise: the white ``noise`` input through a per-frame FIR of ``T`` taps whose magnitude response is
       ``exp(env_noise)`` (zero phase, delayed by ``T/2`` samples, Hann-windowed), crossfaded linearly from
       the previous frame's filter. The filter is a fixed cosine matrix applied to the magnitudes, so the
@@ -356,15 +366,7 @@ class EnvelopeSynth(nn.Module):
         b, n_frames = f0_hz.shape
         f0 = torch.clamp(f0_hz, min=0.0)
         voiced = (f0 > 0.0).to(f0.dtype)
-        # exact integer phase, as in HarmonicSource
-        inc = torch.round(f0 * (_PHASE_ONE / SAMPLE_RATE_HZ)).to(torch.int64)
-        adv = inc * F0_HOP_SAMPLES
-        phase0 = state[self.phase_slot].reshape(b, 1).to(torch.int64)
-        cum = torch.cumsum(adv, dim=1)
-        start = torch.remainder(phase0 + cum - adv, _PHASE_ONE)
-        new[self.phase_slot] = torch.remainder(phase0 + cum[:, -1:], _PHASE_ONE).to(f0.dtype).reshape(b, 1, 1)
-        j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64, device=f0.device)
-        p = torch.remainder(start[:, :, None] + inc[:, :, None] * j, _PHASE_ONE)  # (B, F, 160)
+        p, new[self.phase_slot] = _running_phase(f0, state[self.phase_slot])  # (B, F, 160)
         h = torch.arange(1, self.num_harmonics + 1, dtype=torch.int64, device=f0.device)
         ph = torch.remainder(p[:, :, None, :] * h[None, None, :, None], _PHASE_ONE)  # (B, F, H, 160)
         sines = torch.sin(ph.to(f0.dtype) * (2.0 * math.pi / _PHASE_ONE))
