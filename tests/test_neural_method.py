@@ -203,7 +203,7 @@ def test_a_vocoder_trained_on_projections_gets_projections(tmp_path):
                                          prenet_dilations=(1,), initial_channels=64))
     path = export_onnx(voc, tmp_path / "z.onnx")
     model = NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(path)))
-    assert model.content.config.output == "z" and model.units_dim == 256
+    assert model.content.config.output == "z" and model.content.output_dim == 256
     stage = model.open_stream(320, model.new_identity(np.random.default_rng(0)), np.random.default_rng(1))
     x = (0.1 * np.sin(2 * np.pi * 140 * np.arange(16000) / 16000)).astype(np.float32)
     out = np.concatenate([stage.process(x[i:i + 320]) for i in range(0, 16000, 320)])

@@ -83,8 +83,7 @@ def run(args) -> int:
     if not (shards / "manifest.json").exists():
         try:
             extractors = default_extractors(units_kind=args.units)
-            dim = 128 if args.units == "probs" else 256
-            build_shards(list(args.data), shards, extractors, units_dim=dim, units_kind=args.units)
+            build_shards(list(args.data), shards, extractors, units_dim=extractors.units_dim, units_kind=args.units)
         except ValueError as exc:
             raise CliError(str(exc)) from None
     data = ShardDataset(shards, units_temperature=args.units_temperature)

@@ -109,6 +109,11 @@ class ContentEncoderModel:
         self.n_units = int(self.session.get_outputs()[0].shape[-1])
         self.unit_dim = int(self.session.get_outputs()[1].shape[-1])
 
+    @property
+    def output_dim(self) -> int:
+        """Width of what ``encode`` and the streams return: K for "probs", D for "z"."""
+        return self.n_units if self.config.output == "probs" else self.unit_dim
+
     def init_state(self) -> list[np.ndarray]:
         return [np.zeros(s, dtype=np.float32) for s in self.state_shapes]
 
@@ -137,7 +142,7 @@ class ContentEncoderStage:
             raise ValueError(f"hop={hop}: use a multiple of 160 samples (10 ms at {SAMPLE_RATE_HZ} Hz)")
         self.model = model
         self._hop = hop
-        self._dim = model.n_units if model.config.output == "probs" else model.unit_dim
+        self._dim = model.output_dim
         self.reset()
 
     @property

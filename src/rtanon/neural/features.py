@@ -50,6 +50,8 @@ class Extractors:
     f0_hz: Callable[[np.ndarray], np.ndarray]
     speaker_embedding: Callable[[list[np.ndarray]], np.ndarray]
     speaker_by_id: Callable[[str], np.ndarray | None] | None = None
+    #: width of what ``units`` returns, when the extractor knows it (``default_extractors`` does)
+    units_dim: int | None = None
 
 
 def default_extractors(f0_kernel: str = "auto", units_kind: str = "probs") -> Extractors:
@@ -77,7 +79,7 @@ def default_extractors(f0_kernel: str = "auto", units_kind: str = "probs") -> Ex
         return pool.embeddings[row[spk]] if spk in row else None
 
     return Extractors(units=content.encode, f0_hz=lambda a: track(a, kernel=f0_kernel),
-                      speaker_embedding=speaker_embedding, speaker_by_id=by_id)
+                      speaker_embedding=speaker_embedding, speaker_by_id=by_id, units_dim=content.output_dim)
 
 
 @dataclass(frozen=True)

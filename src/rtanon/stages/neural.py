@@ -120,11 +120,10 @@ class NeuralVoiceModel:
         temperature = float(self.vocoder_config.get("units_temperature", 0.1))
         kind = str(self.vocoder_config.get("units_kind", "probs"))
         self.content = ContentEncoderModel(config=ContentStreamConfig(temperature=temperature, output=kind))
-        given = self.content.n_units if kind == "probs" else self.content.unit_dim
+        given = self.content.output_dim
         if given != int(self.vocoder_config.get("units_dim", given)):
             raise ConfigError(f"the vocoder expects {self.vocoder_config['units_dim']}-dim content {kind}, the "
                               f"content encoder gives {given}: retrain the vocoder on this encoder's output")
-        self.units_dim = given
         self.identities = IdentityModel()
 
     def _build_onnx(self, path: Path) -> None:
@@ -167,7 +166,6 @@ class NeuralVoiceStage:
         self._hop = hop
         self.identity = identity
         self.content = model.content.open_stream(hop)
-        self._units_dim = model.units_dim
         self.f0 = F0Tracker(hop=hop)
         self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                              PitchConversionConfig(method=model.config.pitch_method))
@@ -193,7 +191,7 @@ class NeuralVoiceStage:
         self.f0.reset()
         self.pitch.reset()
         self.vocoder.reset()
-        self._units = np.zeros((0, self._units_dim), np.float32)
+        self._units = np.zeros((0, self.content.model.output_dim), np.float32)
         self._f0 = np.zeros(0, np.float32)
         self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
         self._out = np.zeros(self._delay, np.float32)
