@@ -145,14 +145,63 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     (data / "spk2gender").write_text("".join(f"{s} {src.spk2gender[s]}\n" for s in spk))
     cfg = TrainConfig(data_dirs=[data], out_dir=tmp_path / "out", batch_size=2, crop_frames=50, max_steps=2,
                       warmup_steps=1, model=ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8,
-                                                               n_units=100))
+                                                               n_units=100),
+                      teacher_weight=1.0, speed_prob=0.5)
     ckpt = train_content(cfg)
     assert torch.load(ckpt, weights_only=False)["step"] == 2
     assert (tmp_path / "out" / "train.log").read_text().count("checkpoint step 2") == 1
     cfg.max_steps = 3
     train_content(cfg)
     assert torch.load(ckpt, weights_only=False)["step"] == 3
-    assert "resumed from" in (tmp_path / "out" / "train.log").read_text()
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert "resumed from" in log and '"teacher_weight": 1.0' in log
+    assert torch.load(ckpt, weights_only=False)["head"]["weight"].shape == (384, 8)
     model = load_checkpoint(ckpt)
     probs = model(torch.zeros(1, 640), *model.init_state())[0]
     assert probs.shape == (1, 2, 100)
+    # a new run warm-started from it begins with the same network
+    warm = TrainConfig(data_dirs=[data], out_dir=tmp_path / "warm", cache_dir=tmp_path / "out" / "cache",
+                       batch_size=2, crop_frames=50, max_steps=1, warmup_steps=1, model=cfg.model, init=ckpt)
+    warm.lr = 0.0
+    w = load_checkpoint(train_content(warm))
+    for (name, a), b in zip(model.state_dict().items(), w.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.1])
+def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
+    """A crop resampled by a speed factor still has every target on the frame whose audio it holds.
+
+    The fake corpus's audio is a staircase: frame j holds the value j / 200 in all its 320 samples;
+    unit j % 128 and teacher feature j belong to it. After perturbation, the middle of output frame
+    i must hold (within a frame) the value of the source frame its targets came from."""
+    import json
+
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.features import CorpusCache
+    from rtanon.content.train import TrainConfig, _Batches
+
+    n_frames = 180
+    root = tmp_path / "fake"
+    root.mkdir()
+    frame = np.arange(n_frames)
+    np.save(root / "audio.npy", np.round(np.repeat(frame / 200.0, 320) * 32767).astype(np.int16))
+    np.save(root / "units_K128.npy", (frame % 128).astype(np.int16))
+    np.save(root / "teacher.npy", np.repeat(frame[:, None], 4, axis=1).astype(np.float16))
+    (root / "index.json").write_text(json.dumps({"utts": ["u"], "spk": ["s"], "audio_offset": [0],
+                                                 "audio_len": [n_frames * 320], "frame_offset": [0],
+                                                 "frame_len": [n_frames]}))
+    cfg = TrainConfig(data_dirs=[], out_dir=tmp_path, batch_size=4, crop_frames=150, speed_factors=(factor,),
+                      speed_prob=1.0, gain_db_range=(0.0, 0.0), model=ContentModelConfig())
+    batches = _Batches([CorpusCache.load(root)], 128, cfg, np.random.default_rng(0),
+                       teacher_norm=(np.zeros(4, np.float32), np.ones(4, np.float32)))
+    audio, units, _, teacher = batches()
+    for b in range(4):
+        valid = units[b] >= 0
+        assert valid.sum() >= 145  # the crop is (nearly) filled
+        src = teacher[b, valid, 0]  # source frame index of each target
+        assert np.all(units[b, valid] == src.astype(int) % 128)
+        steps = np.diff(src)
+        assert set(np.unique(steps)) <= {0.0, 1.0, 2.0} and abs(steps.mean() - factor) < 0.02
+        mid = audio[b, : valid.sum() * 320].reshape(-1, 320)[:, 100:220].mean(1) * 200.0
+        assert np.abs(mid[5:-5] - src[5:-5]).max() < 1.0

@@ -24,6 +24,18 @@ def register(sub) -> None:
     p.add_argument("--cache", type=Path, default=None, metavar="DIR",
                    help="teacher-feature cache (default: OUT/cache); reused across runs")
     p.add_argument("--units", type=int, default=m.n_units, help=f"K, number of discrete units (default {m.n_units})")
+    p.add_argument("--channels", type=int, default=m.channels, help=f"network width (default {m.channels})")
+    p.add_argument("--dilations", type=int, nargs="+", default=list(m.dilations), metavar="D",
+                   help="one residual causal conv per dilation, 50 Hz frames "
+                        f"(default {' '.join(map(str, m.dilations))})")
+    p.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
+                   help="weight of the L1 regression of the teacher's Whisper features from z, beside the unit "
+                        f"cross-entropy (default {d.teacher_weight}: units only)")
+    p.add_argument("--speed-prob", type=float, default=d.speed_prob,
+                   help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--init", type=Path, default=None, metavar="CKPT",
+                   help="warm start from this checkpoint's network (same sizes); the optimiser starts fresh")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"total steps (default {d.max_steps})")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
                    help=f"stop this run (with a checkpoint) after this many minutes (default {d.max_minutes})")
@@ -41,9 +53,11 @@ def run(args) -> int:
     from rtanon.errors import CliError
 
     cfg = TrainConfig(data_dirs=list(args.data), out_dir=args.out, cache_dir=args.cache,
-                      model=replace(ContentModelConfig(), n_units=args.units), seed=args.seed,
-                      batch_size=args.batch_size, max_steps=args.max_steps, max_minutes=args.max_minutes,
-                      threads=args.threads)
+                      model=replace(ContentModelConfig(), n_units=args.units, channels=args.channels,
+                                    dilations=tuple(args.dilations)),
+                      seed=args.seed, batch_size=args.batch_size, max_steps=args.max_steps,
+                      max_minutes=args.max_minutes, threads=args.threads, lr=args.lr,
+                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, init=args.init)
     try:
         cfg.validate()
     except ValueError as exc:

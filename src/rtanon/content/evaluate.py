@@ -5,7 +5,12 @@
 1. **Teacher agreement**: the student's most probable unit vs the teacher's
    k-means unit, frame by frame (top-1 and top-5), with the share of the most
    frequent unit as the trivial reference.
-2. **Speaker information left**: per utterance, pool a feature sequence into
+2. **Teacher detail in z**: a ridge regression from the student's projection z
+   (what the neural vocoder reads) to the standardised teacher features, fitted
+   on the utterances of half the speakers and scored (R^2, averaged over the
+   384 dimensions) on the other half's; the same probe on the student's soft
+   units for reference. Higher = more of the teacher's phonetic detail.
+3. **Speaker information left**: per utterance, pool a feature sequence into
    its mean and standard deviation over time; a standardised multinomial
    logistic regression learns the speakers from some of each speaker's
    utterances and is tested on their held-out utterances (k-fold over the
@@ -60,6 +65,24 @@ def speaker_id_accuracy(features: list[np.ndarray], speakers: list[str], folds: 
         clf.fit(X[tr], y[tr])
         accs.append(float((clf.predict(X[te]) == y[te]).mean()))
     return float(np.mean(accs))
+
+
+def teacher_probe_r2(features: list[np.ndarray], teacher: list[np.ndarray], speakers: list[str]) -> float:
+    """Held-out-speaker R^2 of a ridge regression from per-frame features to standardised teacher frames:
+    fitted on the utterances of every other speaker (sorted by id), scored on the rest's."""
+    from sklearn.linear_model import Ridge
+
+    ids = sorted(set(speakers))
+    fit_spk = set(ids[::2])
+    fit = [i for i, s in enumerate(speakers) if s in fit_spk]
+    test = [i for i, s in enumerate(speakers) if s not in fit_spk]
+    T_fit = np.concatenate([teacher[i] for i in fit])
+    mean, std = T_fit.mean(0), T_fit.std(0) + 1e-5
+    reg = Ridge(alpha=1.0).fit(np.concatenate([features[i] for i in fit]), (T_fit - mean) / std)
+    y = (np.concatenate([teacher[i] for i in test]) - mean) / std
+    pred = reg.predict(np.concatenate([features[i] for i in test]))
+    r2 = 1.0 - ((y - pred) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
+    return float(r2.mean())
 
 
 def log_mel(audio: np.ndarray) -> np.ndarray:
@@ -118,6 +141,11 @@ def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None,
         "utterances": len(spk), "speakers": len(set(spk)), "frames": total, "n_units": k,
         "agreement_top1": top1 / total, "agreement_top5": top5 / total,
         "most_frequent_unit_share": float(counts.max() / counts.sum()),
+        "teacher_probe_r2": {
+            "student projection z (D)": teacher_probe_r2(feats["student projection z (D)"],
+                                                         feats["teacher Whisper features (384)"], spk),
+            "student soft units p (K)": teacher_probe_r2(feats["student soft units p (K)"],
+                                                         feats["teacher Whisper features (384)"], spk)},
         "speaker_id_accuracy": {name: speaker_id_accuracy(f, spk) for name, f in feats.items()},
         "speaker_id_chance": 1.0 / len(set(spk)),
     }
@@ -166,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{r['utterances']} utterances, {r['speakers']} speakers, {r['frames']} frames of 20 ms, K={r['n_units']}")
     print(f"teacher agreement: top-1 {r['agreement_top1']:.3f}, top-5 {r['agreement_top5']:.3f} "
           f"(most frequent unit: {r['most_frequent_unit_share']:.3f})")
+    print("teacher detail (ridge probe to the teacher's features, R^2 on held-out speakers): " +
+          ", ".join(f"{name} {v:.3f}" for name, v in r["teacher_probe_r2"].items()))
     print(f"speaker identification on held-out utterances (chance {r['speaker_id_chance']:.3f}):")
     print("| features | accuracy |\n|---|---|")
     for name, acc in r["speaker_id_accuracy"].items():

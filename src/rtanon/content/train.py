@@ -10,9 +10,14 @@ Steps, each resumable (finished work is found on disk and skipped):
    units and the teacher's units, on random crops (state starts at zero as in
    a fresh stream), with speaker-variety augmentation that keeps the time
    alignment: vocal-tract-length perturbation of the mel filterbank, random
-   gain and a little white noise. Checkpoints (``ckpt.pt``) every
-   ``checkpoint_every_s`` and at the end; a rerun resumes from it. Seeds are
-   fixed; the log goes to ``<out>/train.log``.
+   gain and a little white noise, and speed perturbation (the crop resampled,
+   its targets stretched with it). With ``teacher_weight`` > 0 a linear head
+   on the projection z also regresses the standardised teacher features (L1),
+   so z keeps more of the teacher's phonetic detail than the K units alone;
+   the head is training-only (saved in the checkpoint, never exported).
+   ``init`` warm-starts the network from an earlier checkpoint. Checkpoints
+   (``ckpt.pt``) every ``checkpoint_every_s`` and at the end; a rerun
+   resumes from it. Seeds are fixed; the log goes to ``<out>/train.log``.
 
 Never pass the evaluation directory (so762_dev) as ``--data``.
 """
@@ -54,6 +59,10 @@ class TrainConfig:
     threads: int = 1  # 1 is fastest on a shared machine
     vtlp_range: tuple[float, float] = (0.85, 1.18)
     gain_db_range: tuple[float, float] = (-12.0, 6.0)
+    speed_factors: tuple[float, ...] = (0.9, 1.1)  # speed perturbation (1.0 is always possible too)
+    speed_prob: float = 0.0  # share of crops speed-perturbed
+    teacher_weight: float = 0.0  # weight of the L1 regression of the teacher features from z
+    init: Path | None = None  # warm start: network weights from this checkpoint (not its optimiser)
 
     def validate(self) -> None:
         if not self.data_dirs:
@@ -67,6 +76,12 @@ class TrainConfig:
             raise ValueError("batch_size must be >= 1 and crop_frames >= 10")
         if self.max_steps < 1:
             raise ValueError("max_steps must be >= 1")
+        if not 0.0 <= self.speed_prob <= 1.0 or any(not 0.7 <= f <= 1.3 for f in self.speed_factors):
+            raise ValueError("speed_prob must be in [0, 1] and every speed factor in [0.7, 1.3]")
+        if self.teacher_weight < 0:
+            raise ValueError("teacher_weight must be >= 0 (0 = units only)")
+        if self.init is not None and not Path(self.init).exists():
+            raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()
 
     @property
@@ -74,14 +89,31 @@ class TrainConfig:
         return Path(self.cache_dir) if self.cache_dir else Path(self.out_dir) / "cache"
 
 
-class _Batches:
-    """Random aligned crops: audio (B, n*320) float32, units (B, n) int64 (-100 = padding)."""
+def _speed_ratio(factor: float) -> tuple[int, int]:
+    """(up, down) for ``resample_poly``: output length = input * up / down = input / factor."""
+    from fractions import Fraction
 
-    def __init__(self, caches: list[CorpusCache], k: int, cfg: TrainConfig, rng: np.random.Generator):
+    r = Fraction(1.0 / factor).limit_denominator(20)
+    return r.numerator, r.denominator
+
+
+class _Batches:
+    """Random aligned crops: audio (B, n*320) float32, units (B, n) int64 (-100 = padding),
+    VTLP filterbanks (B, n_mels, 257) and, with ``teacher_weight`` > 0, standardised teacher
+    features (B, n, 384) float32.
+
+    Speed perturbation by factor f reads about ``n * f`` frames of the source, resamples
+    their audio to ``n`` frames' length (pitch and formants move with it) and takes every
+    target from the source frame under the centre of its output frame."""
+
+    def __init__(self, caches: list[CorpusCache], k: int, cfg: TrainConfig, rng: np.random.Generator,
+                 teacher_norm: tuple[np.ndarray, np.ndarray] | None = None):
         self.cfg, self.rng = cfg, rng
         self.items = []  # (cache index, utt index)
         self.audio = [c.audio(mmap=False) for c in caches]
         self.units = [c.units(k) for c in caches]
+        self.teacher = [c.teacher(mmap=True) for c in caches] if teacher_norm is not None else None
+        self.teacher_norm = teacher_norm
         self.caches = caches
         weights = []
         for ci, c in enumerate(caches):
@@ -96,27 +128,42 @@ class _Batches:
         self.fbs = np.stack([mel_filterbank(cfg.model.n_mels, warp=a) for a in self.warps])
 
     def __call__(self):
+        from scipy.signal import resample_poly
+
         cfg, rng = self.cfg, self.rng
         B, n = cfg.batch_size, cfg.crop_frames
         audio = np.zeros((B, n * FRAME_SAMPLES), dtype=np.float32)
         units = np.full((B, n), -100, dtype=np.int64)
+        teacher = np.zeros((B, n, self.teacher[0].shape[1]), dtype=np.float32) if self.teacher else None
         fb_idx = np.zeros(B, dtype=np.int64)
         for b, j in enumerate(rng.choice(len(self.items), size=B, p=self.p)):
             ci, ui = self.items[j]
             c = self.caches[ci]
             nf = int(c.frame_len[ui])
-            s = int(rng.integers(0, max(1, nf - n + 1))) if nf > n else 0
-            m = min(n, nf - s)
+            factor = 1.0
+            if cfg.speed_prob > 0 and rng.random() < cfg.speed_prob:
+                factor = float(rng.choice(cfg.speed_factors))
+            up, down = _speed_ratio(factor)
+            n_src = min(nf, int(np.ceil(n * down / up)))  # source frames that fill at most n output frames
+            s = int(rng.integers(0, nf - n_src + 1))
             a0 = int(c.audio_offset[ui]) + s * FRAME_SAMPLES
-            x = self.audio[ci][a0:a0 + m * FRAME_SAMPLES].astype(np.float32) / 32767.0
+            x = self.audio[ci][a0:a0 + n_src * FRAME_SAMPLES].astype(np.float32) / 32767.0
+            if factor != 1.0:
+                x = resample_poly(x, up, down).astype(np.float32)
+            m = min(n, len(x) // FRAME_SAMPLES)
+            x = x[:m * FRAME_SAMPLES]
+            # the source frame under the centre of each output frame
+            src = np.minimum(((2 * np.arange(m) + 1) * down) // (2 * up), n_src - 1) + int(c.frame_offset[ui]) + s
             x = x * 10.0 ** (rng.uniform(*cfg.gain_db_range) / 20.0)
             if rng.random() < 0.3:
                 x = x + rng.standard_normal(len(x)).astype(np.float32) * 10.0 ** (rng.uniform(-70, -45) / 20.0)
             audio[b, :len(x)] = np.clip(x, -1.0, 1.0)
-            f0 = int(c.frame_offset[ui]) + s
-            units[b, :m] = self.units[ci][f0:f0 + m]
+            units[b, :m] = self.units[ci][src]
+            if teacher is not None:
+                mean, std = self.teacher_norm
+                teacher[b, :m] = (np.asarray(self.teacher[ci][src], dtype=np.float32) - mean) / std
             fb_idx[b] = rng.integers(len(self.warps)) if rng.random() < 0.8 else np.argmin(abs(self.warps - 1.0))
-        return audio, units, self.fbs[fb_idx]
+        return audio, units, self.fbs[fb_idx], teacher
 
 
 def _feature_stats(model, caches: list[CorpusCache], rng: np.random.Generator):
@@ -171,53 +218,68 @@ def train_content(cfg: TrainConfig) -> Path:
 
     torch.manual_seed(cfg.seed)
     model = ContentEncoder(cfg.model)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # training-only head: z -> standardised teacher features (paper 002's units keep only the argmax)
+    head = torch.nn.Linear(cfg.model.unit_dim, caches[0].teacher(mmap=True).shape[1]) if cfg.teacher_weight else None
+    params = list(model.parameters()) + (list(head.parameters()) if head is not None else [])
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt_path = out / "ckpt.pt"
     step, train_s = 0, 0.0
     rng = np.random.default_rng(cfg.seed)
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         model.load_state_dict(ck["model"])
+        if head is not None:
+            head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
         step, train_s = ck["step"], ck["train_s"]
         rng.bit_generator.state = ck["np_rng"]
         torch.set_rng_state(ck["torch_rng"])
         log.info("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, train_s / 60)
+    elif cfg.init is not None:
+        model.load_state_dict(load_checkpoint(Path(cfg.init)).state_dict())
+        log.info("warm start from %s", cfg.init)
     else:
         mean, std = _feature_stats(model, caches, rng)
         model.feat_mean.copy_(mean)
         model.feat_std.copy_(std)
-    batches = _Batches(caches, k, cfg, rng)
+    batches = _Batches(caches, k, cfg, rng, teacher_norm=(km["mean"], km["std"]) if head is not None else None)
     log.info("model: %d parameters; %d training crops sources", sum(p.numel() for p in model.parameters()),
              len(batches.items))
 
     def save():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_s": train_s,
                     "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                    "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz")},
+                    "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz"),
+                    "head": head.state_dict() if head is not None else None},
                    str(ckpt_path) + ".tmp")
         Path(str(ckpt_path) + ".tmp").replace(ckpt_path)
         log.info("checkpoint step %d (%.1f min trained)", step, train_s / 60)
 
     run_start = time.time()
     last_ckpt = time.time()
-    acc_ema, loss_ema = None, None
+    acc_ema, loss_ema, reg_ema = None, None, None
     model.train()
     while step < cfg.max_steps and (time.time() - run_start) < cfg.max_minutes * 60:
         t0 = time.time()
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.max_steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        audio, units, fbs = batches()
+        audio, units, fbs, teacher = batches()
         audio_t, units_t = torch.from_numpy(audio), torch.from_numpy(units)
         state = model.init_state(cfg.batch_size)
         with torch.no_grad():
             logmel, _ = model.log_mel(audio_t, state[0], mel_fb=torch.from_numpy(fbs))
-        logits, _, _ = model.encode_logmel(logmel, state[1:])
+        logits, z, _ = model.encode_logmel(logmel, state[1:])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, k), units_t.reshape(-1), ignore_index=-100)
+        ce = loss
+        if head is not None:
+            mask = (units_t >= 0)[..., None].float()
+            reg = ((head(z) - torch.from_numpy(teacher)).abs() * mask).sum() / (mask.sum() * teacher.shape[2])
+            loss = loss + cfg.teacher_weight * reg
+            reg_ema = reg.item() if reg_ema is None else 0.98 * reg_ema + 0.02 * reg.item()
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        torch.nn.utils.clip_grad_norm_(params, 5.0)
         opt.step()
         step += 1
         train_s += time.time() - t0
@@ -225,10 +287,11 @@ def train_content(cfg: TrainConfig) -> Path:
             mask = units_t >= 0
             acc = (logits.argmax(-1)[mask] == units_t[mask]).float().mean().item()
         acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
-        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+        loss_ema = ce.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * ce.item()
         if step % 20 == 0:
-            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f) %.2f s/step",
-                     step, lr, loss.item(), loss_ema, acc, acc_ema, time.time() - t0)
+            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s %.2f s/step",
+                     step, lr, ce.item(), loss_ema, acc, acc_ema,
+                     f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "", time.time() - t0)
         if time.time() - last_ckpt > cfg.checkpoint_every_s:
             save()
             last_ckpt = time.time()
