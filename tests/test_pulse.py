@@ -21,6 +21,7 @@ if missing:
                 "./setup.sh test installs them unless PipeWire provides the sound server)", allow_module_level=True)
 
 RATE = 16000
+SEED = 7  # pins the pseudo-voice of the live sessions (McAdams alpha 0.84)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
     assert _rtanon(env, "virtual-device", "create").returncode == 0
     live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:fake_mic.monitor",
                              "--output", "rtanon", "--duration", str(played.shape[0] / RATE + 3.0), "--quiet",
-                             "--method", method],
+                             "--method", method, "--seed", str(SEED)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_running(live)
     rec = {}
@@ -115,9 +116,17 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
     m = min(e_mic.shape[0], e_anon.shape[0])
     assert np.corrcoef(np.maximum(e_mic[:m], -60), np.maximum(e_anon[:m], -60))[0, 1] > 0.6
     # not the input: the waveform is not in the recording, though the same
-    # detector finds it in the fake microphone's own recording
+    # detector finds it in the fake microphone's own recording. The voice is
+    # pinned, so the reference is the same session run offline: the recording
+    # must be no closer to the input than the method's own output is (McAdams
+    # keeps the LPC residual, so its output correlates with the input by
+    # 0.16-0.39 depending on alpha; a raw copy scores about 1)
+    from rtanon.config import AnonymizerConfig
+    from rtanon.engine import Anonymizer
+
+    offline = Anonymizer(AnonymizerConfig(method=method)).open_session(seed=SEED).process_signal(played)
     assert max_xcorr(speech, mic) > 0.6
-    assert max_xcorr(speech, anon) < 0.45
+    assert max_xcorr(speech, anon) < min(0.5, max_xcorr(speech, offline) + 0.1)
     _rtanon(env, "virtual-device", "remove")
 
 
