@@ -33,7 +33,7 @@ def register(sub) -> None:
                         f"cross-entropy (default {d.teacher_weight}: units only)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--learning-rate", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
     p.add_argument("--init", type=Path, default=None, metavar="CKPT",
                    help="warm start from this checkpoint's network (same sizes); the optimiser starts fresh")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"total steps (default {d.max_steps})")
@@ -56,7 +56,7 @@ def run(args) -> int:
                       model=replace(ContentModelConfig(), n_units=args.units, channels=args.channels,
                                     dilations=tuple(args.dilations)),
                       seed=args.seed, batch_size=args.batch_size, max_steps=args.max_steps,
-                      max_minutes=args.max_minutes, threads=args.threads, lr=args.lr,
+                      max_minutes=args.max_minutes, threads=args.threads, lr=args.learning_rate,
                       teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, init=args.init)
     try:
         cfg.validate()
