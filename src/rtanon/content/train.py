@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rtanon.content.features import FRAME_SAMPLES, CorpusCache, assign_units, build_cache, fit_units
+from rtanon.content.features import (FRAME_SAMPLES, TEACHER_DIM, CorpusCache, assign_units, build_cache,
+                                     fit_units)
 from rtanon.content.config import ContentModelConfig, mel_filterbank
 
 log = logging.getLogger("rtanon.content.train")
@@ -219,7 +220,7 @@ def train_content(cfg: TrainConfig) -> Path:
     torch.manual_seed(cfg.seed)
     model = ContentEncoder(cfg.model)
     # training-only head: z -> standardised teacher features (paper 002's units keep only the argmax)
-    head = torch.nn.Linear(cfg.model.unit_dim, caches[0].teacher(mmap=True).shape[1]) if cfg.teacher_weight else None
+    head = torch.nn.Linear(cfg.model.unit_dim, TEACHER_DIM) if cfg.teacher_weight else None
     params = list(model.parameters()) + (list(head.parameters()) if head is not None else [])
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt_path = out / "ckpt.pt"
