@@ -25,6 +25,35 @@ def test_every_command_has_help():
     assert _run("--help").returncode == 0
 
 
+def test_cli_and_the_default_method_need_no_torch(tmp_path):
+    """torch is an extra ([identity], [train]): with it unimportable, every command's --help and a McAdams
+    run of the demo still work (a CUDA-free, torch-free install is the base install)."""
+    block = ("import sys\n"
+             "class NoTorch:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.split('.')[0] == 'torch':\n"
+             "            raise ImportError('torch is blocked in this test')\n"
+             "sys.meta_path.insert(0, NoTorch())\n"
+             "from rtanon.cli import main\n")
+    for args in (["bench", "--help"], ["train", "vocoder", "--help"], ["live", "--help"]):
+        proc = subprocess.run([sys.executable, "-c", block + f"main({args!r})"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (args, proc.stderr[-2000:])
+    code = f"raise SystemExit(main(['demo', '--method', 'mcadams', '--out', {str(tmp_path / 'd.wav')!r}]))"
+    proc = subprocess.run([sys.executable, "-c", block + code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torch" not in proc.stderr
+
+
+def test_neural_torch_backend_on_cuda_without_cuda_says_so():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: the error path is for machines without it")
+    proc = _run("bench", "--method", "neural", "--backend", "torch", "--device", "cuda", "--seconds", "1")
+    assert proc.returncode != 0
+    assert "CUDA is not available" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_demo_writes_original_and_anonymized(tmp_path):
     proc = _run("demo", "--out", str(tmp_path / "d.wav"), "--seed", "1")
     assert proc.returncode == 0, proc.stderr

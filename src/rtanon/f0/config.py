@@ -210,16 +210,16 @@ def derive(config: F0Config) -> Derived:
     w4 = c.window_ms * _RATE4_HZ // 1000
     sw4 = c.spectral_window_ms * _RATE4_HZ // 1000
     delta = _RATE4_HZ / _NFFT4
-    shc_len = int(np.fix(c.shc_window_hz / delta))
+    shc_len = int(np.trunc(c.shc_window_hz / delta))
     shc_half = shc_len // 2
     shc_min = int(np.ceil(c.f0_min_hz / delta))
-    shc_max = int(np.fix((c.f0_max_hz + 2 * c.shc_pwidth_hz) / delta))
-    width = int(np.fix(c.shc_pwidth_hz / delta))
+    shc_max = int(np.trunc((c.f0_max_hz + 2 * c.shc_pwidth_hz) / delta))
+    width = int(np.trunc(c.shc_pwidth_hz / delta))
     if width % 2 == 0:
         width += 1
     center = int(np.ceil(width / 2))
-    pk_min = max(1, int(np.fix(c.f0_min_hz / delta - center)))
-    pk_max = int(np.fix(c.f0_max_hz / delta + center))
+    pk_min = max(1, int(np.trunc(c.f0_min_hz / delta - center)))
+    pk_max = int(np.trunc(c.f0_max_hz / delta + center))
     lag_min = max(2, int(np.floor(_RATE8_HZ / c.f0_max_hz)) - 2)
     lag_max = int(np.ceil(_RATE8_HZ / c.f0_min_hz)) + 2
     nccf_n = (2 * h8 - lag_max - 1) // 16 * 16  # a multiple of 16: the kernels sum in sixteen lanes

@@ -142,6 +142,21 @@ class OnnxRuntimeBackend:
 
 # ---- PyTorch ----------------------------------------------------------------------------------
 
+def torch_device(device: str) -> str:
+    """``device`` ("cpu", "cuda[:N]" or "auto") checked against this PyTorch: "auto" becomes "cuda" when CUDA
+    works, else "cpu"; a CUDA device without CUDA, or no PyTorch, raises :class:`BackendUnavailable`."""
+    try:
+        import torch
+    except ImportError as e:
+        raise BackendUnavailable("the torch backend needs PyTorch: pip install torch==2.13.0") from e
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendUnavailable("CUDA is not available to PyTorch here; install a CUDA build of torch "
+                                 "and an NVIDIA driver, or use --device cpu")
+    return device
+
+
 class TorchBackend:
     """The PyTorch generator (weight norm folded, eval mode). On CUDA with ``cuda_graphs`` the step is
     captured as a CUDA graph per (batch, frames) shape and replayed; the state then lives on the GPU."""
@@ -149,15 +164,9 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, model: Any, device: str = "cpu", cuda_graphs: bool = True, threads: int | None = None) -> None:
-        try:
-            import torch
-        except ImportError as e:
-            raise BackendUnavailable("the torch backend needs PyTorch: pip install torch==2.13.0") from e
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BackendUnavailable("CUDA is not available to PyTorch here; install a CUDA build of torch "
-                                     "and an NVIDIA driver, or use device='cpu'")
+        device = torch_device(device)
+        import torch
+
         self._torch = torch
         self.device = device
         if threads is not None and device == "cpu":

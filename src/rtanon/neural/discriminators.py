@@ -15,32 +15,14 @@ use small ones; the defaults are HiFi-GAN's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rtanon.config import ConfigError
+from rtanon.neural.config import DiscriminatorConfig  # noqa: F401  (re-exported)
 
 _wn = nn.utils.parametrizations.weight_norm
 _sn = nn.utils.parametrizations.spectral_norm
-
-
-@dataclass(frozen=True)
-class DiscriminatorConfig:
-    periods: tuple[int, ...] = (2, 3, 5, 7, 11)
-    mpd_channels: tuple[int, ...] = (32, 128, 512, 1024, 1024)
-    msd_channels: tuple[int, ...] = (128, 128, 256, 512, 1024, 1024, 1024)
-    msd_scales: int = 3
-
-    def validate(self) -> None:
-        if not self.periods or min(self.periods) < 2:
-            raise ConfigError(f"periods={self.periods}; use periods >= 2 (HiFi-GAN: 2, 3, 5, 7, 11)")
-        if len(self.mpd_channels) != 5 or len(self.msd_channels) != 7:
-            raise ConfigError("mpd_channels needs 5 widths and msd_channels 7 (HiFi-GAN layer counts)")
-        if not 1 <= self.msd_scales <= 4:
-            raise ConfigError(f"msd_scales={self.msd_scales}; use 1 to 4")
 
 
 class PeriodDiscriminator(nn.Module):

@@ -267,13 +267,13 @@ class BlendWithOtherSpeaker:
 # ---- training ---------------------------------------------------------------------------------
 
 def _vocoder_config_default():
-    from rtanon.neural.vocoder import VocoderConfig
+    from rtanon.neural.config import VocoderConfig
 
     return VocoderConfig()
 
 
 def _disc_config_default():
-    from rtanon.neural.discriminators import DiscriminatorConfig
+    from rtanon.neural.config import DiscriminatorConfig
 
     return DiscriminatorConfig()
 

@@ -98,9 +98,10 @@ class NeuralVoiceModel:
         self.config.validate()
         cfg = self.config
         if cfg.backend == "torch":
+            from rtanon.neural.backends import torch_device
             from rtanon.neural.train import load_generator
 
-            device = cfg.device if cfg.device != "auto" else _auto_device()
+            device = torch_device(cfg.device)  # before loading: a missing CUDA gets a clear error
             if cfg.vocoder_checkpoint:
                 model = load_generator(cfg.vocoder_checkpoint, device)
             else:
@@ -144,12 +145,6 @@ class NeuralVoiceModel:
 
     def open_stream(self, hop: int, identity, rng: np.random.Generator) -> "NeuralVoiceStage":
         return NeuralVoiceStage(self, hop, identity, rng)
-
-
-def _auto_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class NeuralVoiceStage:
