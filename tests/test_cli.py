@@ -54,6 +54,15 @@ def test_neural_torch_backend_on_cuda_without_cuda_says_so():
     assert "CUDA is not available" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_cuda_graphs_flag_reaches_the_neural_config():
+    from rtanon.commands._common import config_from_args
+
+    parser = build_parser()
+    on = config_from_args(parser.parse_args(["bench", "--method", "neural", "--backend", "torch"]))
+    off = config_from_args(parser.parse_args(["bench", "--method", "neural", "--backend", "torch", "--no-cuda-graphs"]))
+    assert on.neural.cuda_graphs is True and off.neural.cuda_graphs is False
+
+
 def test_demo_writes_original_and_anonymized(tmp_path):
     proc = _run("demo", "--out", str(tmp_path / "d.wav"), "--seed", "1")
     assert proc.returncode == 0, proc.stderr

@@ -78,8 +78,10 @@ def bench_compute(anonymizer: Anonymizer, signal: np.ndarray) -> dict:
         stages.update({f"  {name}": {"latency_ms": 0.0, **_stats(ns, audio_s)} for name, ns in s.part_times.items()})
     extra = {}
     if anonymizer.config.method == "neural":
+        backend = anonymizer.method.model.backend
         extra = {"backend": anonymizer.config.neural.backend,
-                 "device": getattr(anonymizer.method.model.backend, "device", anonymizer.config.neural.device)}
+                 "device": getattr(backend, "device", anonymizer.config.neural.device),
+                 "cuda_graphs": bool(getattr(backend, "uses_cuda_graphs", False))}
     return {"method": anonymizer.config.method, **extra, "chunk_ms": anonymizer.config.stream.chunk_ms,
             "audio_s": audio_s, "buffering_ms": 1000.0 * n / SAMPLE_RATE_HZ,
             "algorithmic_latency_ms": 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ,
@@ -259,4 +261,5 @@ def bench_streams(anonymizer: Anonymizer, max_streams: int = 64, calls: int = 20
         best = b
         b *= 2
     return {"backend": anonymizer.config.neural.backend, "device": getattr(backend, "device", "?"),
+            "cuda_graphs": bool(getattr(backend, "uses_cuda_graphs", False)),
             "frame_ms": frame_ms, "max_realtime_streams": best, "batches": rows}

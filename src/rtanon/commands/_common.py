@@ -22,6 +22,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "extra, tensorrt an NVIDIA GPU with TensorRT)")
     p.add_argument("--device", dest="neural_device", default=n.device, choices=("cpu", "cuda", "auto"),
                    help=f"neural method: vocoder device (default: {n.device})")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="neural method, --backend torch on CUDA: run the vocoder step eagerly instead of replaying "
+                        "it as a captured CUDA graph (slower; for measuring what the graphs save)")
     p.add_argument("--vocoder", metavar="FILE", default=None,
                    help="neural method: other vocoder weights than the shipped ones, as `rtanon train vocoder` "
                         "writes them: OUT/vocoder.onnx (onnxruntime, tensorrt) or OUT/generator.pt (torch)")
@@ -56,7 +59,7 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
     if vocoder:
         weights = {"vocoder_checkpoint": vocoder} if backend == "torch" else {"vocoder_onnx": vocoder}
     neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "neural_device", NeuralConfig.device),
-                     **weights)
+                     cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs), **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
                    neural=neural)
 

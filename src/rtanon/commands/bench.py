@@ -55,7 +55,8 @@ def run(args) -> int:
             except ValueError as exc:
                 raise CliError(str(exc)) from None
         if "backend" in result:
-            title += f" (vocoder backend {result['backend']} on {result['device']})"
+            graphs = ", CUDA graphs" if result.get("cuda_graphs") else ""
+            title += f" (vocoder backend {result['backend']} on {result['device']}{graphs})"
     if args.e2e:
         if args.stage is not None:
             raise CliError("--e2e measures a whole method; drop --stage")

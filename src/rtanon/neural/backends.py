@@ -176,6 +176,11 @@ class TorchBackend:
         self._graphs: dict[tuple[int, int], _CudaGraphStep] = {}
         self._use_graphs = cuda_graphs and device.startswith("cuda")
 
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        """Whether steps replay captured CUDA graphs (CUDA with ``cuda_graphs``)."""
+        return self._use_graphs
+
     def init_state(self, batch: int):
         return self._model.init_state(batch, self.device)
 

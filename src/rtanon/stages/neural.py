@@ -108,7 +108,8 @@ class NeuralVoiceModel:
                 with packaged_path(PACKAGED_CHECKPOINT) as p:
                     model = load_generator(p, device)
             self.vocoder_config = asdict(model.config)
-            self.backend = make_backend("torch", model=model, device=device, threads=cfg.threads)
+            self.backend = make_backend("torch", model=model, device=device, threads=cfg.threads,
+                                        cuda_graphs=cfg.cuda_graphs)
         else:
             if cfg.vocoder_onnx:
                 onnx_path = Path(cfg.vocoder_onnx)
