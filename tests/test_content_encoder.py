@@ -49,10 +49,11 @@ def test_streaming_equals_offline_onnx(onnx_model, utterance, chunk_ms):
     hop = 16 * chunk_ms
     offline = onnx_model.encode(utterance)
     streamed, outs = _stream(onnx_model, utterance, hop)
-    assert streamed.shape == offline.shape
-    np.testing.assert_allclose(streamed, offline, atol=2e-5)
+    # the stream gives frame i once it has heard the L frames after it: all but the last L so far
+    assert streamed.shape == (offline.shape[0] - onnx_model.lookahead_frames, offline.shape[1])
+    np.testing.assert_allclose(streamed, offline[:len(streamed)], atol=2e-5)
     frames_per_chunk = {10: {0, 1}, 20: {1}, 40: {2}}[chunk_ms]
-    assert {len(o) for o in outs} == frames_per_chunk
+    assert {len(o) for o in outs[2:]} == frames_per_chunk
 
 
 def test_stage_reset_and_chunk_checks(onnx_model, utterance):
@@ -68,17 +69,22 @@ def test_stage_reset_and_chunk_checks(onnx_model, utterance):
         stage.process(utterance[:320].astype(np.float64))
     with pytest.raises(ValueError, match="multiple of 160"):
         onnx_model.open_stream(100)
-    assert onnx_model.open_stream(160).latency_samples == 160
-    assert onnx_model.open_stream(640).latency_samples == 0
+    lookahead = 320 * onnx_model.lookahead_frames
+    assert onnx_model.open_stream(160).latency_samples == 160 + lookahead
+    assert onnx_model.open_stream(640).latency_samples == lookahead
 
 
-def test_causal_no_lookahead(onnx_model, utterance):
-    """Frame i depends only on samples before 320 (i + 1): changing the future changes nothing before."""
+def test_causal_with_stated_lookahead(onnx_model, utterance):
+    """Frame i depends only on samples before 320 (i + 1 + L): changing the future changes nothing before,
+    and frame 40 - L, the first to hear the change, does change."""
+    la = onnx_model.lookahead_frames
+    assert la in (0, 1)  # the neural method's F0 wait covers 1 frame; more would add latency
     a = onnx_model.encode(utterance)
     b_audio = utterance.copy()
     b_audio[320 * 40:] = 0.0
     b = onnx_model.encode(b_audio)
-    np.testing.assert_allclose(a[:40], b[:40], atol=1e-6)
+    np.testing.assert_allclose(a[:40 - la], b[:40 - la], atol=1e-6)
+    assert np.abs(a[40 - la] - b[40 - la]).max() > 1e-4
     assert np.abs(a[41:] - b[41:]).max() > 1e-3
 
 
@@ -145,8 +151,8 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     (data / "spk2gender").write_text("".join(f"{s} {src.spk2gender[s]}\n" for s in spk))
     cfg = TrainConfig(data_dirs=[data], out_dir=tmp_path / "out", batch_size=2, crop_frames=50, max_steps=2,
                       warmup_steps=1, model=ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8,
-                                                               n_units=100),
-                      teacher_weight=1.0, speed_prob=0.5)
+                                                               n_units=100, lookahead_frames=1),
+                      teacher_weight=1.0, speed_prob=0.5, freq_masks=2, time_masks=2)
     ckpt = train_content(cfg)
     assert torch.load(ckpt, weights_only=False)["step"] == 2
     assert (tmp_path / "out" / "train.log").read_text().count("checkpoint step 2") == 1
@@ -205,3 +211,48 @@ def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
         assert set(np.unique(steps)) <= {0.0, 1.0, 2.0} and abs(steps.mean() - factor) < 0.02
         mid = audio[b, : valid.sum() * 320].reshape(-1, 320)[:, 100:220].mean(1) * 200.0
         assert np.abs(mid[5:-5] - src[5:-5]).max() < 1.0
+
+
+def test_lookahead_graph_is_read_shifted(tmp_path, utterance):
+    """A graph exported with lookahead_frames = 1: its readers give frame t the network's output t + 1,
+    offline (the utterance padded with a silent frame) and streamed alike."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.export import export_onnx
+    from rtanon.content.model import ContentEncoder
+    from rtanon.content.stream import ContentEncoderModel
+
+    torch.manual_seed(0)
+    net = ContentEncoder(ContentModelConfig(channels=32, dilations=(1, 2), unit_dim=16, n_units=100,
+                                            lookahead_frames=1)).eval()
+    model = ContentEncoderModel(export_onnx(net, tmp_path / "la1.onnx"))
+    assert model.lookahead_frames == 1
+    n = len(utterance) // 320
+    padded = np.concatenate([utterance, np.zeros(320, np.float32)])
+    raw_p, raw_z, _ = model.run(padded, model.init_state())
+    probs, z = model.analyze(utterance)
+    assert probs.shape == (n, 100) and z.shape == (n, 16)
+    np.testing.assert_array_equal(probs, raw_p[1:])
+    np.testing.assert_array_equal(z, raw_z[1:])
+    streamed, outs = _stream(model, utterance, 320)
+    assert len(outs[0]) == 0 and streamed.shape == (n - 1, 100)
+    np.testing.assert_allclose(streamed, model.encode(utterance)[:n - 1], atol=2e-5)
+    assert model.open_stream(320).latency_samples == 320
+
+
+def test_spec_augment_masks_bands_and_spans_within_bounds():
+    from rtanon.content.train import spec_augment
+
+    rng = np.random.default_rng(0)
+    x = np.ones((64, 80, 300), np.float32)
+    spec_augment(x, rng, freq_masks=2, time_masks=2, freq_max=10, time_max=10)
+    zero_bands = (x == 0).all(axis=2)  # (B, n_mels): masked across all time
+    zero_frames = (x == 0).all(axis=1)  # (B, T): masked across all bands
+    assert zero_bands.sum(1).max() <= 20 and zero_frames.sum(1).max() <= 20
+    assert zero_bands.any(1).mean() > 0.8 and zero_frames.any(1).mean() > 0.8  # most items get masks
+    # everything zeroed lies in a masked band or a masked frame
+    assert ((x == 0) == (zero_bands[:, :, None] | zero_frames[:, None, :])).all()
+    y = np.ones((64, 80, 300), np.float32)
+    spec_augment(y, np.random.default_rng(0), 0, 0, 10, 10)
+    assert (y == 1).all()

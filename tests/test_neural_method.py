@@ -76,6 +76,16 @@ def test_any_chunking_gives_the_same_audio(model, identity, speech):
         np.testing.assert_allclose(aligned[hop][:n], aligned[320][:n], atol=1e-4, err_msg=f"hop {hop}")
 
 
+def test_stage_delay_covers_f0_and_content_lookahead():
+    """A content lookahead of one frame waits no longer than the F0 tracker's 20 ms; two frames would."""
+    from rtanon.stages.neural import stage_delay_samples
+
+    for hop, delay in {160: 480, 320: 320, 480: 480, 640: 320}.items():
+        assert stage_delay_samples(hop, 2) == stage_delay_samples(hop, 2, 1) == delay
+    assert stage_delay_samples(320, 2, 2) == 640
+    assert stage_delay_samples(320, 0, 0) == 0
+
+
 def test_stream_equals_offline_pipeline_with_stated_delay(model_unscaled, identity, speech):
     """Streaming parity: the stage's output equals the offline pipeline (whole-utterance content encoder, F0
     track, the same frame-by-frame pitch mapping, one vocoder call) delayed by ``latency_samples``."""
@@ -91,7 +101,7 @@ def test_stream_equals_offline_pipeline_with_stated_delay(model_unscaled, identi
     delay = stage.latency_samples
     assert delay == 320
 
-    units = sharpen_units(model.content.run(x, model.content.init_state())[0], 0.05)
+    units = sharpen_units(model.content.analyze(x)[0], 0.05)  # frame t: the network's output t + lookahead
     conv = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                    PitchConversionConfig(method="percentile"))
     f0 = np.concatenate([conv.process(v[None]) for v in track(x)]).astype(np.float32)

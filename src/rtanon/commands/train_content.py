@@ -28,11 +28,21 @@ def register(sub) -> None:
     p.add_argument("--dilations", type=int, nargs="+", default=list(m.dilations), metavar="D",
                    help="one residual causal conv per dilation, 50 Hz frames "
                         f"(default {' '.join(map(str, m.dilations))})")
+    p.add_argument("--lookahead-frames", type=int, default=m.lookahead_frames, metavar="L",
+                   help="frames of 20 ms each output hears past its own frame (the output at t + L is trained on "
+                        f"frame t's targets; default {m.lookahead_frames}). The neural method's F0 tracker already "
+                        "waits 20 ms, so L = 1 adds no latency there")
     p.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
                    help="weight of the L1 regression of the teacher's Whisper features from z, beside the unit "
                         f"cross-entropy (default {d.teacher_weight}: units only)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
+    p.add_argument("--freq-masks", type=int, default=d.freq_masks, metavar="N",
+                   help=f"SpecAugment: frequency masks of up to {d.freq_mask_max} mel bands per crop "
+                        f"(default {d.freq_masks})")
+    p.add_argument("--time-masks", type=int, default=d.time_masks, metavar="N",
+                   help=f"SpecAugment: time masks of up to {d.time_mask_max} log-mel frames (10 ms) per crop "
+                        f"(default {d.time_masks})")
     p.add_argument("--learning-rate", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
     p.add_argument("--init", type=Path, default=None, metavar="CKPT",
                    help="warm start from this checkpoint's network (same sizes); the optimiser starts fresh")
@@ -54,10 +64,11 @@ def run(args) -> int:
 
     cfg = TrainConfig(data_dirs=list(args.data), out_dir=args.out, cache_dir=args.cache,
                       model=replace(ContentModelConfig(), n_units=args.units, channels=args.channels,
-                                    dilations=tuple(args.dilations)),
+                                    dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames),
                       seed=args.seed, batch_size=args.batch_size, max_steps=args.max_steps,
                       max_minutes=args.max_minutes, threads=args.threads, lr=args.learning_rate,
-                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, init=args.init)
+                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, init=args.init,
+                      freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()
     except ValueError as exc:

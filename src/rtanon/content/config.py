@@ -28,6 +28,9 @@ class ContentModelConfig:
     unit_dim: int = 256  # D, dimension of the soft-unit projection z
     n_units: int = 128  # K, discrete units (k-means on the teacher)
     temperature: float = 0.1  # tau in paper 002 Eq. 1
+    # L: the network's output at frame t + L is frame t's (trained on frame t's targets), so each frame
+    # also hears the L frames after it. The network stays causal; L * 20 ms is the lookahead it costs.
+    lookahead_frames: int = 0
 
     def validate(self) -> None:
         if not 20 <= self.n_mels <= 128:
@@ -39,6 +42,8 @@ class ContentModelConfig:
             raise ValueError(f"gru_units={self.gru_units}: use 0 (no GRU) or the GRU width")
         if any(int(d) < 1 for d in self.dilations):
             raise ValueError(f"dilations={self.dilations}: every dilation must be >= 1")
+        if not 0 <= self.lookahead_frames <= 2:
+            raise ValueError(f"lookahead_frames={self.lookahead_frames}: use 0, 1 or 2 (20 ms each)")
         if not 0.0 < self.temperature <= 10.0:
             raise ValueError(f"temperature={self.temperature}: use a value in (0, 10]; paper 002 uses 0.1")
 

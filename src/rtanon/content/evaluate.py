@@ -121,7 +121,7 @@ def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None,
             continue
         o = int(cache.audio_offset[i])
         x = audio[o:o + n * FRAME_SAMPLES].astype(np.float32) / 32767.0
-        probs, z, _ = model.run(x, model.init_state())
+        probs, z = model.analyze(x)
         f0 = int(cache.frame_offset[i])
         u = units[f0:f0 + n].astype(np.int64)
         top1 += int((probs.argmax(1) == u).sum())

@@ -23,6 +23,8 @@ def export_onnx(model, path: Path, opset: int = 17) -> Path:
     import onnx
     import torch
 
+    from rtanon.content.stream import CONFIG_METADATA_KEY
+
     model = model.eval()
     names = model.state_names()
     state = model.init_state(1)
@@ -36,7 +38,7 @@ def export_onnx(model, path: Path, opset: int = 17) -> Path:
                           dynamic_axes=dynamic, opset_version=opset, dynamo=False)
     m = onnx.load(str(path))
     meta = m.metadata_props.add()
-    meta.key, meta.value = "rtanon_content_config", json.dumps(model.cfg.to_dict())
+    meta.key, meta.value = CONFIG_METADATA_KEY, json.dumps(model.cfg.to_dict())
     onnx.save(m, str(path))
     return path
 

@@ -17,6 +17,10 @@ returns the tuple, ``forward(audio, *state)`` returns
 state threaded through gives the same result as one offline call (the graph
 contains no operation that looks across a chunk boundary other than through
 the state). The same graph exports to ONNX (``rtanon.content.export``).
+
+The network itself is causal. With ``cfg.lookahead_frames`` = L > 0 it is
+trained so that its output ``t + L`` is frame ``t``'s units (each frame hears
+L frames past it); the readers (``rtanon.content.stream``) shift by L.
 """
 
 from __future__ import annotations

@@ -11,11 +11,17 @@ float32 samples at 16 kHz in [-1, 1] and returns the 50 Hz frames completed
 by this chunk, ``(n, K)`` float32 soft units (rows sum to 1; or ``(n, D)``
 projections with ``output="z"``); n is 0 or 1 for 10 ms chunks, 1 for 20 ms,
 2 for 40 ms (30 ms alternates 1 and 2). The result does not depend on the
-chunk size: frame ``i`` always depends on samples ``[0, 320 (i + 1))`` only.
+chunk size: frame ``i`` always depends on samples ``[0, 320 (i + 1 + L))``
+only, ``L`` the model's ``lookahead_frames`` (stored in the graph's metadata,
+0 for graphs without it). With ``L`` > 0 the network's output ``i + L`` is
+frame ``i``'s: the stream drops its first ``L`` outputs, so each frame comes
+``L`` frames (20 ms each) after it completes; ``encode`` pads the utterance
+with ``L`` frames of silence to give every frame.
 """
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +34,8 @@ from rtanon.content.config import FRAME_SAMPLES, SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
 
 PACKAGED_ONNX = "content_encoder.onnx"
+#: ONNX metadata key of the model config (written by ``rtanon.content.export``)
+CONFIG_METADATA_KEY = "rtanon_content_config"
 
 
 @contextmanager
@@ -108,6 +116,9 @@ class ContentEncoderModel:
         self._out_index = outs.index(self.config.output)
         self.n_units = int(self.session.get_outputs()[0].shape[-1])
         self.unit_dim = int(self.session.get_outputs()[1].shape[-1])
+        raw = self.session.get_modelmeta().custom_metadata_map.get(CONFIG_METADATA_KEY)
+        #: L: the graph's output ``t + L`` is frame ``t``'s (see the module docstring)
+        self.lookahead_frames = int(json.loads(raw).get("lookahead_frames", 0)) if raw else 0
 
     @property
     def output_dim(self) -> int:
@@ -124,10 +135,18 @@ class ContentEncoderModel:
         out = self.session.run(None, feed)
         return out[0][0], out[1][0], out[2:]
 
-    def encode(self, audio: np.ndarray) -> np.ndarray:
-        """Offline: a whole utterance (float32, 16 kHz) -> (floor(len/320), K or D) from a zero state."""
+    def analyze(self, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Offline: a whole utterance (float32, 16 kHz) -> soft units (n, K) and projections (n, D) of its
+        n = floor(len/320) frames, from a zero state, the last ``lookahead_frames`` hearing silence after it."""
         n = (len(audio) // FRAME_SAMPLES) * FRAME_SAMPLES
-        probs, z, _ = self.run(np.ascontiguousarray(audio[:n], dtype=np.float32), self.init_state())
+        x = np.zeros(n + FRAME_SAMPLES * self.lookahead_frames, np.float32)
+        x[:n] = audio[:n]
+        probs, z, _ = self.run(x, self.init_state())
+        return probs[self.lookahead_frames:], z[self.lookahead_frames:]
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """Offline: a whole utterance -> (floor(len/320), K or D), the stream's output (see ``analyze``)."""
+        probs, z = self.analyze(audio)
         return sharpen_units(probs, self.config.temperature) if self.config.output == "probs" else z
 
     def open_stream(self, hop: int) -> "ContentEncoderStage":
@@ -151,12 +170,13 @@ class ContentEncoderStage:
 
     @property
     def latency_samples(self) -> int:
-        """Longest extra wait, beyond the chunk, before a 20 ms frame completes."""
-        return (-self._hop) % FRAME_SAMPLES
+        """Longest extra wait, beyond the chunk, before a 20 ms frame's output is known (its lookahead too)."""
+        return (-self._hop) % FRAME_SAMPLES + FRAME_SAMPLES * self.model.lookahead_frames
 
     def reset(self) -> None:
         self._state = self.model.init_state()
         self._pending = np.zeros(0, dtype=np.float32)
+        self._skip = self.model.lookahead_frames  # the network's first L outputs belong to no frame
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """``hop`` float32 samples (16 kHz) -> (n, K) float32 soft units of the frames completed now."""
@@ -167,4 +187,7 @@ class ContentEncoderStage:
         if n == 0:
             return np.zeros((0, self._dim), dtype=np.float32)
         probs, z, self._state = self.model.run(np.ascontiguousarray(buf[:n]), self._state)
+        if self._skip:
+            drop = min(self._skip, probs.shape[0])
+            probs, z, self._skip = probs[drop:], z[drop:], self._skip - drop
         return sharpen_units(probs, self.model.config.temperature) if self.model.config.output == "probs" else z

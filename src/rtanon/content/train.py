@@ -11,7 +11,7 @@ Steps, each resumable (finished work is found on disk and skipped):
    a fresh stream), with speaker-variety augmentation that keeps the time
    alignment: vocal-tract-length perturbation of the mel filterbank, random
    gain and a little white noise, and speed perturbation (the crop resampled,
-   its targets stretched with it). With ``teacher_weight`` > 0 a linear head
+   its targets stretched with it); optionally SpecAugment masks on the log-mel. With ``teacher_weight`` > 0 a linear head
    on the projection z also regresses the standardised teacher features (L1),
    so z keeps more of the teacher's phonetic detail than the K units alone;
    the head is training-only (saved in the checkpoint, never exported).
@@ -63,6 +63,12 @@ class TrainConfig:
     speed_factors: tuple[float, ...] = (0.9, 1.1)  # speed perturbation (1.0 is always possible too)
     speed_prob: float = 0.0  # share of crops speed-perturbed
     teacher_weight: float = 0.0  # weight of the L1 regression of the teacher features from z
+    # SpecAugment (Park et al. 2019) on the normalised log-mel of every crop, targets unchanged: this many
+    # frequency masks of up to freq_mask_max bands and time masks of up to time_mask_max 10 ms frames
+    freq_masks: int = 0
+    time_masks: int = 0
+    freq_mask_max: int = 10
+    time_mask_max: int = 10
     init: Path | None = None  # warm start: network weights from this checkpoint (not its optimiser)
 
     def validate(self) -> None:
@@ -79,6 +85,10 @@ class TrainConfig:
             raise ValueError("max_steps must be >= 1")
         if not 0.0 <= self.speed_prob <= 1.0 or any(not 0.7 <= f <= 1.3 for f in self.speed_factors):
             raise ValueError("speed_prob must be in [0, 1] and every speed factor in [0.7, 1.3]")
+        if min(self.freq_masks, self.time_masks) < 0 or not 1 <= self.freq_mask_max <= self.model.n_mels // 2 \
+                or not 1 <= self.time_mask_max <= self.crop_frames:
+            raise ValueError("freq_masks/time_masks must be >= 0, freq_mask_max 1..n_mels/2 and time_mask_max "
+                             "1..crop_frames (10 ms frames)")
         if self.teacher_weight < 0:
             raise ValueError("teacher_weight must be >= 0 (0 = units only)")
         if self.init is not None and not Path(self.init).exists():
@@ -165,6 +175,24 @@ class _Batches:
                 teacher[b, :m] = (np.asarray(self.teacher[ci][src], dtype=np.float32) - mean) / std
             fb_idx[b] = rng.integers(len(self.warps)) if rng.random() < 0.8 else np.argmin(abs(self.warps - 1.0))
         return audio, units, self.fbs[fb_idx], teacher
+
+
+def spec_augment(logmel, rng: np.random.Generator, freq_masks: int, time_masks: int, freq_max: int, time_max: int):
+    """SpecAugment's masks on a normalised log-mel batch (B, n_mels, T; numpy or torch), in place: per item
+    ``freq_masks``
+    bands of width 0..``freq_max`` and ``time_masks`` spans of 0..``time_max`` frames set to 0, the
+    features' mean (the input normalisation makes it 0). Returns ``logmel``."""
+    b, n_mels, t = logmel.shape
+    for i in range(b):
+        for _ in range(freq_masks):
+            w = int(rng.integers(0, freq_max + 1))
+            f0 = int(rng.integers(0, n_mels - w + 1))
+            logmel[i, f0:f0 + w, :] = 0.0
+        for _ in range(time_masks):
+            w = int(rng.integers(0, min(time_max, t) + 1))
+            t0 = int(rng.integers(0, t - w + 1))
+            logmel[i, :, t0:t0 + w] = 0.0
+    return logmel
 
 
 def _feature_stats(model, caches: list[CorpusCache], rng: np.random.Generator):
@@ -270,7 +298,14 @@ def train_content(cfg: TrainConfig) -> Path:
         state = model.init_state(cfg.batch_size)
         with torch.no_grad():
             logmel, _ = model.log_mel(audio_t, state[0], mel_fb=torch.from_numpy(fbs))
+            if cfg.freq_masks or cfg.time_masks:
+                spec_augment(logmel, rng, cfg.freq_masks, cfg.time_masks, cfg.freq_mask_max,
+                             cfg.time_mask_max)
         logits, z, _ = model.encode_logmel(logmel, state[1:])
+        la = cfg.model.lookahead_frames
+        if la:  # output t + L stands for frame t: it has heard L frames past it
+            logits, z, units_t = logits[:, la:], z[:, la:], units_t[:, :-la]
+            teacher = teacher[:, :-la] if teacher is not None else None
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, k), units_t.reshape(-1), ignore_index=-100)
         ce = loss
         if head is not None:

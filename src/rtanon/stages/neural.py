@@ -21,10 +21,13 @@ and returns ``hop`` samples from an output queue that starts with
 needs F0 frame ``2 t + 1``; the tracker delivers frame ``k`` in the chunk
 that contains sample ``160 (k + L)`` (``L`` = its ``latency_frames``, 2), so
 frame ``t`` can be vocoded once the input reaches ``320 t + 320 + 160 L``,
-rounded up to a whole chunk. The stage delay is the largest wait that
-implies (:func:`stage_delay_samples`): 20 ms for 20 and 40 ms chunks, 30 ms
-for 10 and 30 ms chunks, so the engine's algorithmic latency is 40 ms with
-20 ms chunks.
+rounded up to a whole chunk. The content encoder's units of frame ``t`` are
+known at ``320 t + 320 + 320 A`` (``A`` its ``lookahead_frames``): with
+``A`` = 1 that is the same 20 ms the F0 tracker waits anyway, so the units
+hear the frame after theirs at no cost in latency. The stage delay is the
+largest wait these imply (:func:`stage_delay_samples`): 20 ms for 20 and
+40 ms chunks, 30 ms for 10 and 30 ms chunks, so the engine's algorithmic
+latency is 40 ms with 20 ms chunks.
 
 The audio is the vocoder's, made from units, pitch and the pseudo-speaker:
 no input sample reaches the output. What the user sounds like is never
@@ -78,11 +81,13 @@ def read_onnx_config(onnx_path: str | Path) -> dict:
     return json.loads(raw) if raw else {}
 
 
-def stage_delay_samples(hop: int, f0_latency_frames: int) -> int:
+def stage_delay_samples(hop: int, f0_latency_frames: int, content_lookahead_frames: int = 0) -> int:
     """The smallest output delay at which every vocoder frame is ready before it is played (see the module
-    docstring): ``max_t ceil(R_t / hop) * hop - hop - 320 t`` with ``R_t = 320 t + 320 + 160 L``."""
+    docstring): ``max_t ceil(R_t / hop) * hop - hop - 320 t`` with
+    ``R_t = 320 t + 320 + max(160 L, 320 A)``."""
     period = np.lcm(hop, FRAME_SAMPLES) // FRAME_SAMPLES
-    ready = [FRAME_SAMPLES * t + FRAME_SAMPLES + F0_HOP_SAMPLES * f0_latency_frames for t in range(period + 1)]
+    wait = max(F0_HOP_SAMPLES * f0_latency_frames, FRAME_SAMPLES * content_lookahead_frames)
+    ready = [FRAME_SAMPLES * t + FRAME_SAMPLES + wait for t in range(period + 1)]
     return max(-(-r // hop) * hop - hop - FRAME_SAMPLES * t for t, r in enumerate(ready))
 
 
@@ -166,7 +171,7 @@ class NeuralVoiceStage:
         self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
-        self._delay = stage_delay_samples(hop, self.f0.latency_frames)
+        self._delay = stage_delay_samples(hop, self.f0.latency_frames, model.content.lookahead_frames)
         self._match = model.config.match_loudness
         self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))
         self.underruns = 0
