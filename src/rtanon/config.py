@@ -103,9 +103,10 @@ class NeuralConfig:
     ("gmm", paper 003, or a paper 000 proximity: random/dense/sparse) and ``gender`` (random/f/m).
     ``pitch_method``: percentile (default), log_gaussian or minmax (paper 000 Eq. 4-7).
     ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones.
-    ``cuda_graphs``: the torch backend's CUDA-graph replay on CUDA. ``match_loudness``: scale each 20 ms vocoder frame to the input frame's RMS (gain at most
-    ``max_gain_db``, ramped across the frame), as RVC's volume-envelope mix does: quiet input stays quiet
-    and the level follows the speaker's, whatever level the vocoder renders at."""
+    ``cuda_graphs``: the torch backend's CUDA-graph replay on CUDA. ``match_loudness``: scale each 20 ms
+    vocoder frame to the input frame's RMS (gain at most ``max_gain_db``, ramped across the frame), as
+    RVC's volume-envelope mix does: quiet input stays quiet and the level follows the speaker's, whatever
+    level the vocoder renders at."""
 
     backend: str = "onnxruntime"
     device: str = "cpu"

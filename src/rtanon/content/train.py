@@ -11,9 +11,10 @@ Steps, each resumable (finished work is found on disk and skipped):
    a fresh stream), with speaker-variety augmentation that keeps the time
    alignment: vocal-tract-length perturbation of the mel filterbank, random
    gain and a little white noise, and speed perturbation (the crop resampled,
-   its targets stretched with it); optionally SpecAugment masks on the log-mel. With ``teacher_weight`` > 0 a linear head
-   on the projection z also regresses the standardised teacher features (L1),
-   so z keeps more of the teacher's phonetic detail than the K units alone;
+   its targets stretched with it); optionally SpecAugment masks on the
+   log-mel. With ``teacher_weight`` > 0 a linear head on the projection z
+   also regresses the standardised teacher features (L1), so z keeps more of
+   the teacher's phonetic detail than the K units alone;
    the head is training-only (saved in the checkpoint, never exported).
    ``init`` warm-starts the network from an earlier checkpoint. Checkpoints
    (``ckpt.pt``) every ``checkpoint_every_s`` and at the end; a rerun
@@ -179,9 +180,8 @@ class _Batches:
 
 def spec_augment(logmel, rng: np.random.Generator, freq_masks: int, time_masks: int, freq_max: int, time_max: int):
     """SpecAugment's masks on a normalised log-mel batch (B, n_mels, T; numpy or torch), in place: per item
-    ``freq_masks``
-    bands of width 0..``freq_max`` and ``time_masks`` spans of 0..``time_max`` frames set to 0, the
-    features' mean (the input normalisation makes it 0). Returns ``logmel``."""
+    ``freq_masks`` bands of width 0..``freq_max`` and ``time_masks`` spans of 0..``time_max`` frames set
+    to 0, the features' mean (the input normalisation makes it 0). Returns ``logmel``."""
     b, n_mels, t = logmel.shape
     for i in range(b):
         for _ in range(freq_masks):
