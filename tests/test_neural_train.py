@@ -18,6 +18,7 @@ from rtanon.neural.train import (  # noqa: E402
     ShardWriter,
     TrainConfig,
     load_generator,
+    noisy_units,
     train_vocoder,
 )
 from rtanon.neural.vocoder import VocoderConfig  # noqa: E402
@@ -105,6 +106,38 @@ def test_blend_keeps_norm_and_moves_towards_another_speaker():
     assert (cos > np.cos(np.pi / 4) - 1e-6).all()  # weight <= 0.5: never past half-way
     assert np.array_equal(BlendWithOtherSpeaker(prob=0.0)(emb, np.array([0, 0, 2]), table,
                                                           np.random.default_rng(1)), emb)
+
+
+def test_units_noise_is_relative_to_each_frame_and_drawn_per_segment():
+    rng = np.random.default_rng(0)
+    units = rng.standard_normal((64, 50, 256)).astype(np.float32)
+    units[:, ::2] *= 10.0  # loud and quiet frames: the noise follows each frame's own norm
+    out = noisy_units(units, 0.5, np.random.default_rng(1))
+    assert out.dtype == np.float32 and out.shape == units.shape
+    ratio = np.linalg.norm(out - units, axis=2) / np.linalg.norm(units, axis=2)  # (B, T)
+    per_segment = ratio.mean(axis=1)
+    assert ratio.std(axis=1).max() < 0.1 * per_segment.max()  # one fraction per segment, every frame alike
+    assert 0.0 <= per_segment.min() < 0.1 and 0.4 < per_segment.max() <= 0.55  # spread over U(0, 0.5)
+    assert 0.2 < per_segment.mean() < 0.3
+    np.testing.assert_array_equal(out, noisy_units(units, 0.5, np.random.default_rng(1)))  # seeded
+    np.testing.assert_array_equal(noisy_units(units, 0.0, rng), units)
+    from rtanon.config import ConfigError
+
+    with pytest.raises(ConfigError, match="units_noise"):
+        TrainConfig(units_noise=-0.1).validate()
+
+
+def test_units_noise_changes_training_and_stays_resumable(shard_dir, tmp_path):
+    data = ShardDataset(shard_dir)
+    noisy = dataclasses.replace(_config(2), units_noise=0.5)
+    train_vocoder(_config(2), data, tmp_path / "clean", device="cpu")
+    train_vocoder(noisy, data, tmp_path / "noisy", device="cpu")
+    train_vocoder(noisy, data, tmp_path / "noisy_resumed", device="cpu", max_steps=1)
+    train_vocoder(noisy, data, tmp_path / "noisy_resumed", device="cpu")
+    a, b, c = (load_generator(tmp_path / r / "generator.pt").state_dict() for r in ("clean", "noisy", "noisy_resumed"))
+    assert any((a[k] - b[k]).abs().max() > 0 for k in a)
+    for k in b:
+        torch.testing.assert_close(b[k], c[k], atol=1e-6, rtol=0, msg=k)
 
 
 def _config(steps):

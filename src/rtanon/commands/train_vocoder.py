@@ -57,6 +57,10 @@ def register(sub) -> None:
                    help="envelope source: train the synthesised speech alone (the upsampling stack not run, about "
                         "half the cost of a step) until this step, then with the stack's residual "
                         f"(default {d.residual_start_step})")
+    p.add_argument("--units-noise", type=float, default=d.units_noise, metavar="F",
+                   help="content-noise augmentation: Gaussian noise on each segment's content frames with a norm "
+                        "of up to F times theirs (drawn per segment; default 0 = off), so the vocoder learns to "
+                        "render the less exact content the encoder gives for voices it was not trained on")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -123,7 +127,7 @@ def run(args) -> int:
     config = replace(TrainConfig(), vocoder=vocoder, steps=args.steps, batch_size=args.batch_size,
                      segment_frames=args.segment_frames, adversarial_start_step=adv,
                      learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed,
-                     residual_start_step=args.residual_start_step)
+                     residual_start_step=args.residual_start_step, units_noise=args.units_noise)
     try:
         config.validate()
     except ValueError as exc:

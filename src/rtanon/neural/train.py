@@ -266,6 +266,16 @@ class BlendWithOtherSpeaker:
 
 # ---- training ---------------------------------------------------------------------------------
 
+def noisy_units(units: np.ndarray, max_fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """``units`` (B, T, D) plus Gaussian noise whose expected norm is ``f`` times each frame's norm, ``f``
+    drawn per segment from U(0, ``max_fraction``) (:attr:`TrainConfig.units_noise`)."""
+    b, _, d = units.shape
+    frac = rng.uniform(0.0, max_fraction, size=(b, 1, 1)).astype(np.float32)
+    norm = np.linalg.norm(units, axis=2, keepdims=True)
+    eps = rng.standard_normal(units.shape, dtype=np.float32)
+    return (units + frac * norm / np.sqrt(d) * eps).astype(np.float32)
+
+
 def _vocoder_config_default():
     from rtanon.neural.config import VocoderConfig
 
@@ -301,6 +311,11 @@ class TrainConfig:
     #: Weight of the pre-net's frame-level log-mel L1 (VocoderConfig.aux_mel_bins > 0 only; the waveform's own
     #: mel L1 has weight 45 in Eq. 4).
     aux_mel_weight: float = 15.0
+    #: Content-noise augmentation: each segment's content frames get Gaussian noise whose norm is a fraction,
+    #: drawn uniformly from [0, units_noise] per segment, of each frame's own norm (0 = off). The content
+    #: encoder is less accurate on unseen speakers than on the training speakers whose features fill the
+    #: shards; this teaches the vocoder to render less exact content.
+    units_noise: float = 0.0
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     log_every: int = 50
@@ -319,6 +334,9 @@ class TrainConfig:
                               "than 1024 samples)")
         if self.batch_size < 1 or self.steps < 1 or self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("batch_size, steps, checkpoint_every and log_every must be >= 1")
+        if not 0.0 <= self.units_noise <= 2.0:
+            raise ConfigError(f"units_noise={self.units_noise}; use 0 (off) to 2 (noise up to twice the content's "
+                              "norm)")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -477,6 +495,8 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             if speaker_augment is not None:
                 emb = speaker_augment(emb, b["speaker"], data.embeddings, rng)
             noise = rng.standard_normal(b["audio"].shape, dtype=np.float32)
+            if config.units_noise > 0:
+                b["units"] = noisy_units(b["units"], config.units_noise, rng)
             units, f0, spk, noise_t, real = (torch.from_numpy(np.ascontiguousarray(a)).to(device)
                                              for a in (b["units"], b["f0_hz"], emb, noise, b["audio"]))
             real = real[:, None, ctx:]
