@@ -49,7 +49,7 @@ def test_reference_f0_tracker_on_a_tone():
     pytest.importorskip("pyworld")
     from rtanon.eval.pitch import F0Tracker
 
-    tracker = F0Tracker(prefer_rtanon=False)
+    tracker = F0Tracker()  # the reference by default: an independent judge of the method's own tracker
     f0 = tracker.track(_tone(220.0, 0.6))
     assert "pyworld" in tracker.name
     assert abs(f0.size - 60) <= 2
@@ -61,13 +61,23 @@ def test_incompatible_rtanon_f0_falls_back_and_says_so(monkeypatch):
     pytest.importorskip("pyworld")
     from rtanon.eval.pitch import F0Tracker
 
-    fake = types.ModuleType("rtanon.f0")
+    fake = types.ModuleType("rtanon.f0.tracker")
     fake.track = lambda x: np.zeros(3)  # wrong frame count
-    monkeypatch.setitem(sys.modules, "rtanon.f0", fake)
-    tracker = F0Tracker()
+    monkeypatch.setitem(sys.modules, "rtanon.f0.tracker", fake)
+    tracker = F0Tracker(prefer_rtanon=True)
     assert tracker.name.startswith("pyworld") and "not used" in tracker.name
 
-    good = types.ModuleType("rtanon.f0")
+    good = types.ModuleType("rtanon.f0.tracker")
     good.track = lambda x: np.full(len(x) // 160, 150.0)
-    monkeypatch.setitem(sys.modules, "rtanon.f0", good)
-    assert F0Tracker().name == "rtanon.f0.track"
+    monkeypatch.setitem(sys.modules, "rtanon.f0.tracker", good)
+    assert F0Tracker(prefer_rtanon=True).name == "rtanon.f0.tracker.track"
+    assert F0Tracker().name.startswith("pyworld")
+
+
+def test_rtanon_f0_tracker_is_usable_as_the_judge():
+    from rtanon.eval.pitch import F0Tracker
+
+    tracker = F0Tracker(prefer_rtanon=True)
+    assert tracker.name == "rtanon.f0.tracker.track"
+    f0 = tracker.track(_tone(220.0, 0.6))
+    assert abs(f0.size - 60) <= 3 and np.median(f0[f0 > 0]) == pytest.approx(220.0, rel=0.03)

@@ -1,10 +1,12 @@
 """F0 tracks for the intonation-preservation metric rho_F0.
 
 ``F0Tracker().track(signal)``: 16 kHz mono float32 (T,) -> (frames,) float64
-F0 in Hz every 10 ms, 0 where unvoiced. It uses ``rtanon.f0.track`` when the
-project's own tracker is importable and otherwise a reference tracker,
-pyworld's DIO refined by StoneMask (``pyworld-prebuilt``). ``name`` says which
-one ran, so a report always states its tracker.
+F0 in Hz every 10 ms, 0 where unvoiced. By default it is the reference
+tracker, pyworld's DIO refined by StoneMask (``pyworld-prebuilt``): an
+independent judge of the intonation the methods keep, since the neural method
+runs rtanon's own tracker inside. ``prefer_rtanon=True`` uses rtanon's
+offline tracker (``rtanon.f0.tracker.track``) when it is importable and
+behaves. ``name`` says which one ran, so a report always states its tracker.
 """
 
 from __future__ import annotations
@@ -20,28 +22,28 @@ F0_CEIL_HZ = 700.0
 
 
 class F0Tracker:
-    """``prefer_rtanon=False`` forces the reference tracker."""
+    """The reference tracker; ``prefer_rtanon=True``: rtanon's own when it is importable and behaves."""
 
-    def __init__(self, *, prefer_rtanon: bool = True) -> None:
+    def __init__(self, *, prefer_rtanon: bool = False) -> None:
         self._rtanon_track = None
         self.note = ""
         if prefer_rtanon:
             try:
-                from rtanon.f0 import track  # built in parallel (issue 3); optional here
+                from rtanon.f0.tracker import track
                 self._rtanon_track = track
                 self._probe()
             except ImportError:
                 self._rtanon_track = None
             except Exception as exc:  # present but not the expected contract: say so, use the reference
                 self._rtanon_track = None
-                self.note = f"rtanon.f0.track not used ({type(exc).__name__}: {exc})"
+                self.note = f"rtanon.f0.tracker.track not used ({type(exc).__name__}: {exc})"
         if self._rtanon_track is None:
             try:
                 import pyworld  # noqa: F401
             except ImportError:
                 raise ImportError("rho_F0 needs an F0 tracker: pip install pyworld-prebuilt "
                                   "(or 'rtanon[eval]')") from None
-        self.name = "rtanon.f0.track" if self._rtanon_track else "pyworld dio+stonemask (reference)"
+        self.name = "rtanon.f0.tracker.track" if self._rtanon_track else "pyworld dio+stonemask (reference)"
         if self.note:
             self.name += f"; {self.note}"
 
