@@ -185,6 +185,35 @@ def test_bench_reports_neural_parts_and_batched_streams(random_vocoder, speech):
         bench.bench_streams(Anonymizer(AnonymizerConfig()), max_streams=1)
 
 
+def test_bench_streams_bisects_between_the_doublings():
+    """A fake backend whose batched step takes 0.7 ms per session on a fake clock: real-time (p99 < 20 ms)
+    up to 28 sessions. Doubling stops at 32; bisection finds 28, not the power of two 16."""
+    from types import SimpleNamespace
+
+    from rtanon import bench
+
+    now = [0]
+
+    class Backend:
+        def init_state(self, batch):
+            return None
+
+        def step(self, units, f0_hz, speaker, noise, state):
+            now[0] += int(0.7e6) * units.shape[0]
+            return np.zeros((units.shape[0], 320), np.float32), state
+
+    model = SimpleNamespace(backend=Backend(), vocoder_config={"units_dim": 8, "speaker_dim": 4})
+    anon = SimpleNamespace(config=SimpleNamespace(method="neural", neural=SimpleNamespace(backend="fake")),
+                           method=SimpleNamespace(model=model))
+    result = bench.bench_streams(anon, max_streams=4096, calls=3, clock=lambda: now[0])
+    assert result["max_realtime_streams"] == 28
+    sizes = [r["streams"] for r in result["batches"]]
+    assert sizes == sorted(sizes) and {1, 2, 4, 8, 16, 32, 28} <= set(sizes) and max(sizes) == 32
+    assert all(r["realtime"] == (r["streams"] <= 28) for r in result["batches"])
+    # a cap below the limit: every doubling passes, nothing to bisect
+    assert bench.bench_streams(anon, max_streams=20, calls=3, clock=lambda: now[0])["max_realtime_streams"] == 16
+
+
 def test_cli_vocoder_option_runs_given_weights_and_refuses_a_mismatch(random_vocoder, tmp_path):
     import soundfile as sf
 

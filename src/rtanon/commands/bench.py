@@ -23,8 +23,9 @@ def register(sub) -> None:
     p.add_argument("--e2e", action="store_true", help="also measure end-to-end latency through PulseAudio")
     p.add_argument("--streams", type=int, default=0, metavar="N",
                    help="neural method: also time the vocoder on batches of 1, 2, 4, ... up to N concurrent "
-                        "sessions and report the largest batch whose p99 step stays under 20 ms (on a GPU: "
-                        "streams one GPU sustains)")
+                        "sessions, bisect between the last real-time doubling and the first that is not, and "
+                        "report the largest batch whose p99 step stays under 20 ms (on a GPU: streams one GPU "
+                        "sustains)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
     p.set_defaults(func=run)
 
