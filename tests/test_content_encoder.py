@@ -241,6 +241,46 @@ def test_lookahead_graph_is_read_shifted(tmp_path, utterance):
     assert model.open_stream(320).latency_samples == 320
 
 
+def test_mean_normalised_graph_streams_and_takes_a_constant_spectrum_out(tmp_path, utterance):
+    """cmn_frames = W: each log-mel frame minus the mean of its last W frames. Streamed in 20 and 40 ms
+    chunks it equals the offline call (torch and the exported ONNX graph); a constant offset on every band
+    (a microphone's colouring) is gone once W frames have passed; the graph carries the extra state."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.export import export_onnx
+    from rtanon.content.model import ContentEncoder
+    from rtanon.content.stream import ContentEncoderModel
+
+    with pytest.raises(ValueError, match="cmn_frames"):
+        ContentModelConfig(cmn_frames=1).validate()
+    torch.manual_seed(0)
+    net = ContentEncoder(ContentModelConfig(channels=32, dilations=(1, 2), unit_dim=16, n_units=100,
+                                            cmn_frames=50)).eval()
+    assert "cmn_state" in net.state_names() and net.init_state(2)[2].shape == (2, 80, 49)
+    logmel = torch.randn(1, 80, 200)
+    shifted = logmel + torch.linspace(-3, 3, 80)[None, :, None]
+    a, _ = net.mean_normalise(logmel, torch.zeros(1, 80, 49))
+    b, _ = net.mean_normalise(shifted, torch.zeros(1, 80, 49))
+    torch.testing.assert_close(a[:, :, 49:], b[:, :, 49:], atol=1e-5, rtol=0)  # full windows: offset gone
+    assert (a[:, :, :49] - b[:, :, :49]).abs().max() > 0.1  # before that, the zero state counts in the mean
+    x = torch.from_numpy(utterance)[None]
+    with torch.no_grad():
+        offline = net(x, *net.init_state())[1]
+        for hop in (320, 640):
+            state, parts = net.init_state(), []
+            for i in range(0, x.shape[1], hop):
+                out = net(x[:, i:i + hop], *state)
+                parts.append(out[1])
+                state = out[2:]
+            torch.testing.assert_close(torch.cat(parts, 1), offline, atol=2e-5, rtol=0)
+    model = ContentEncoderModel(export_onnx(net, tmp_path / "cmn.onnx"))
+    assert "cmn_state" in model.state_names
+    np.testing.assert_allclose(model.analyze(utterance)[1], offline[0].numpy(), atol=1e-4)
+    streamed, _ = _stream(model, utterance, 320)
+    np.testing.assert_allclose(streamed, model.encode(utterance), atol=2e-5)
+
+
 def test_spec_augment_masks_bands_and_spans_within_bounds():
     from rtanon.content.train import spec_augment
 

@@ -32,6 +32,10 @@ def register(sub) -> None:
                    help="frames of 20 ms each output hears past its own frame (the output at t + L is trained on "
                         f"frame t's targets; default {m.lookahead_frames}). The neural method's F0 tracker already "
                         "waits 20 ms, so L = 1 adds no latency there")
+    p.add_argument("--cmn-frames", type=int, default=m.cmn_frames, metavar="W",
+                   help="causal mean normalisation inside the graph: each log-mel frame minus the mean of its last "
+                        "W frames of 10 ms (takes a speaker's or microphone's average spectrum out; default "
+                        f"{m.cmn_frames} = off)")
     p.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
                    help="weight of the L1 regression of the teacher's Whisper features from z, beside the unit "
                         f"cross-entropy (default {d.teacher_weight}: units only)")
@@ -64,7 +68,8 @@ def run(args) -> int:
 
     cfg = TrainConfig(data_dirs=list(args.data), out_dir=args.out, cache_dir=args.cache,
                       model=replace(ContentModelConfig(), n_units=args.units, channels=args.channels,
-                                    dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames),
+                                    dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames,
+                                    cmn_frames=args.cmn_frames),
                       seed=args.seed, batch_size=args.batch_size, max_steps=args.max_steps,
                       max_minutes=args.max_minutes, threads=args.threads, lr=args.learning_rate,
                       teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, init=args.init,

@@ -31,6 +31,10 @@ class ContentModelConfig:
     # L: the network's output at frame t + L is frame t's (trained on frame t's targets), so each frame
     # also hears the L frames after it. The network stays causal; L * 20 ms is the lookahead it costs.
     lookahead_frames: int = 0
+    # W > 1: causal cepstral-style mean normalisation inside the graph: every normalised log-mel frame minus
+    # the mean of the last W frames (10 ms each; frames before the stream began count as 0, the training
+    # mean), so a speaker's or channel's average spectrum is taken out after about W frames. 0 = off.
+    cmn_frames: int = 0
 
     def validate(self) -> None:
         if not 20 <= self.n_mels <= 128:
@@ -44,6 +48,8 @@ class ContentModelConfig:
             raise ValueError(f"dilations={self.dilations}: every dilation must be >= 1")
         if not 0 <= self.lookahead_frames <= 2:
             raise ValueError(f"lookahead_frames={self.lookahead_frames}: use 0, 1 or 2 (20 ms each)")
+        if self.cmn_frames != 0 and not 2 <= self.cmn_frames <= 1000:
+            raise ValueError(f"cmn_frames={self.cmn_frames}: use 0 (off) or 2..1000 frames of 10 ms")
         if not 0.0 < self.temperature <= 10.0:
             raise ValueError(f"temperature={self.temperature}: use a value in (0, 10]; paper 002 uses 0.1")
 

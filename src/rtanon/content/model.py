@@ -93,17 +93,21 @@ class ContentEncoder(nn.Module):
     def state_shapes(self, batch: int = 1) -> list[tuple[int, ...]]:
         c = self.cfg
         shapes = [(batch, WIN_SAMPLES - HOP_SAMPLES), (batch, c.n_mels, 2)]
+        if c.cmn_frames:
+            shapes += [(batch, c.n_mels, c.cmn_frames - 1)]
         shapes += [(batch, c.channels, 2 * int(d)) for d in c.dilations]
         if c.gru_units:
             shapes += [(1, batch, c.gru_units)]
         return shapes
 
     def state_names(self) -> list[str]:
-        return (["wav_state", "mel_state"] + [f"res{i}_state" for i in range(len(self.cfg.dilations))]
+        return (["wav_state", "mel_state"] + (["cmn_state"] if self.cfg.cmn_frames else [])
+                + [f"res{i}_state" for i in range(len(self.cfg.dilations))]
                 + (["gru_state"] if self.cfg.gru_units else []))
 
     def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        """Zero state: (wav (B,240), mel (B,n_mels,2), res_i (B,C,2*dilation_i)..., [gru (1,B,H)]), float32."""
+        """Zero state: (wav (B,240), mel (B,n_mels,2), [cmn (B,n_mels,W-1)], res_i (B,C,2*dilation_i)...,
+        [gru (1,B,H)]), float32."""
         return tuple(torch.zeros(s) for s in self.state_shapes(batch))
 
     # ---- pieces ---------------------------------------------------------------
@@ -134,6 +138,10 @@ class ContentEncoder(nn.Module):
     def encode_logmel(self, logmel: torch.Tensor, state: tuple[torch.Tensor, ...]):
         """logmel (B, n_mels, 2T) and the non-audio state -> (logits, z, new state)."""
         mel_state, *rest = state
+        new_cmn = []
+        if self.cfg.cmn_frames:
+            logmel, cmn = self.mean_normalise(logmel, rest[0])
+            rest, new_cmn = rest[1:], [cmn]
         n_res = len(self.res)
         res_states, gru_states = rest[:n_res], rest[n_res:]
         h, new_mel = self.conv_in(logmel, mel_state)
@@ -150,7 +158,15 @@ class ContentEncoder(nn.Module):
             y, g = self.gru(y, gru_states[0])
             new_gru.append(g)
         z = self.proj(y)
-        return self.soft_units(z), z, (new_mel, *new_res, *new_gru)
+        return self.soft_units(z), z, (new_mel, *new_cmn, *new_res, *new_gru)
+
+    def mean_normalise(self, logmel: torch.Tensor, cmn_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal mean normalisation (``cfg.cmn_frames`` = W): each frame minus the mean of the last W frames,
+        itself included; ``cmn_state`` holds the W - 1 frames before ``logmel``. -> (normalised, new state)."""
+        w = self.cfg.cmn_frames
+        xx = torch.cat([cmn_state, logmel], dim=2)
+        mean = F.avg_pool1d(xx, w, stride=1)  # (B, n_mels, T): window ending at each frame of logmel
+        return logmel - mean, xx[:, :, xx.shape[2] - (w - 1):]
 
     def forward(self, audio: torch.Tensor, *state: torch.Tensor):
         """audio (B, N) float32 16 kHz, N % 320 == 0; state from ``init_state``.
