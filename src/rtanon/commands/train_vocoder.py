@@ -59,8 +59,9 @@ def register(sub) -> None:
                         f"(default {d.residual_start_step})")
     p.add_argument("--units-noise", type=float, default=d.units_noise, metavar="F",
                    help="content-noise augmentation: Gaussian noise on each segment's content frames with a norm "
-                        "of up to F times theirs (drawn per segment; default 0 = off), so the vocoder learns to "
-                        "render the less exact content the encoder gives for voices it was not trained on")
+                        "of up to F times theirs (drawn per segment; default 0 = off), meant to teach the vocoder "
+                        "the less exact content the encoder gives for voices it was not trained on (0.5 and 1.0 "
+                        "did not change so762_dev WER measurably: models/neural/README.md)")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")

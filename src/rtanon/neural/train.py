@@ -314,7 +314,8 @@ class TrainConfig:
     #: Content-noise augmentation: each segment's content frames get Gaussian noise whose norm is a fraction,
     #: drawn uniformly from [0, units_noise] per segment, of each frame's own norm (0 = off). The content
     #: encoder is less accurate on unseen speakers than on the training speakers whose features fill the
-    #: shards; this teaches the vocoder to render less exact content.
+    #: shards; this is meant to teach the vocoder less exact content (0.5 and 1.0 did not change so762_dev WER
+    #: measurably: models/neural/README.md, "Tried, not shipped").
     units_noise: float = 0.0
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
