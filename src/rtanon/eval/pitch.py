@@ -60,11 +60,7 @@ class F0Tracker:
     def track(self, signal: np.ndarray) -> np.ndarray:
         """(T,) float32 at 16 kHz -> (frames,) float64 Hz every 10 ms, 0 = unvoiced."""
         if self._rtanon_track is not None:
-            out = self._rtanon_track(np.asarray(signal, dtype=np.float32))
-            f0 = getattr(out, "f0_hz", out)
-            if isinstance(f0, tuple):  # (times, f0) style
-                f0 = f0[-1]
-            return np.asarray(f0, dtype=np.float64)
+            return np.asarray(self._rtanon_track(np.asarray(signal, dtype=np.float32)), dtype=np.float64)
         import pyworld
 
         x = np.asarray(signal, dtype=np.float64)
