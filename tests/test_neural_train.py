@@ -303,3 +303,77 @@ def test_shards_record_their_content_kind_and_training_checks_it(tmp_path):
         train_vocoder(cfg, data, tmp_path / "run", device="cpu")
     z_cfg = replace(cfg, vocoder=replace(cfg.vocoder, units_kind="z", units_temperature=data.units_temperature))
     assert train_vocoder(z_cfg, data, tmp_path / "run", device="cpu")["step"] == 1
+
+
+def test_discriminator_width_scales_hifigan_channels_and_is_checked(shard_dir, tmp_path, capsys):
+    """``--discriminator-width``: HiFi-GAN's MPD/MSD channel counts scaled and rounded to multiples of 16
+    (the MSD's groups), so the adversarial losses fit a CPU; the run's config records them."""
+    from rtanon.cli import main
+    from rtanon.commands.train_vocoder import scaled_discriminators
+    from rtanon.neural.discriminators import Discriminators
+
+    small = scaled_discriminators(0.125)
+    assert small.mpd_channels == (16, 16, 64, 128, 128)
+    assert small.msd_channels == (16, 16, 32, 64, 128, 128, 128)
+    assert scaled_discriminators(1.0) == DiscriminatorConfig()
+    scores, fmaps = Discriminators(small)(torch.zeros(1, 1, 4000))
+    assert len(scores) == len(small.periods) + small.msd_scales
+    run = tmp_path / "run"
+    argv = ["train", "vocoder", "--data", str(shard_dir), "--shards", str(shard_dir), "--out", str(run),
+            "--units", "probs", "--batch-size", "1", "--segment-frames", "8", "--device", "cpu", "--steps", "1"]
+    assert main([*argv, "--discriminator-width", "0"]) == 2
+    assert "--discriminator-width 0.0" in capsys.readouterr().err
+    assert main([*argv, "--discriminator-width", "0.125", "--adversarial-start-step", "0"]) == 0
+    assert json.loads((run / "config.json").read_text())["discriminators"]["mpd_channels"] == [16, 16, 64, 128, 128]
+    assert "g_adv" in json.loads((run / "train.log").read_text().splitlines()[-1])
+
+
+def _tiny_content_encoder():
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.model import ContentEncoder
+
+    torch.manual_seed(0)
+    return ContentEncoder(ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8, n_units=4)).eval()
+
+
+def test_content_consistency_loss_is_zero_on_the_target_and_trains_the_output():
+    from rtanon.neural.train import content_consistency_loss
+
+    model = _tiny_content_encoder()
+    g = torch.Generator().manual_seed(0)
+    real = 0.1 * torch.randn(2, 3200, generator=g)
+    assert float(content_consistency_loss(model, real, real)) == pytest.approx(0.0, abs=1e-5)
+    fake = (0.1 * torch.randn(2, 3200, generator=g)).requires_grad_(True)
+    loss = content_consistency_loss(model, fake, real)
+    loss.backward()
+    assert float(loss) > 1e-4 and fake.grad.abs().max() > 0
+
+
+def test_content_loss_joins_training_and_needs_the_encoder(shard_dir, tmp_path, capsys):
+    from rtanon.cli import main
+    from rtanon.config import ConfigError
+
+    data = ShardDataset(shard_dir)
+    config = dataclasses.replace(_config(2), content_loss_weight=1.0, adversarial_start_step=10)
+    with pytest.raises(ConfigError, match="content_model"):
+        train_vocoder(config, data, tmp_path / "none", device="cpu")
+    encoder = _tiny_content_encoder()
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+    last = train_vocoder(config, data, tmp_path / "run", device="cpu", content_model=encoder)
+    assert np.isfinite(last["g_content"]) and last["g_content"] > 0
+    for k, v in encoder.state_dict().items():  # frozen: only the vocoder learns
+        torch.testing.assert_close(v, before[k], atol=0, rtol=0, msg=k)
+    plain = train_vocoder(_config(2), data, tmp_path / "plain", device="cpu")
+    assert "g_content" not in plain
+    a, b = (load_generator(tmp_path / r / "generator.pt").state_dict() for r in ("run", "plain"))
+    assert any((a[k] - b[k]).abs().max() > 0 for k in a)
+    # the command line: the weights are required, and then used
+    model = _tiny_content_encoder()
+    weights = tmp_path / "content.pt"
+    torch.save({"model": model.state_dict(), "model_config": model.cfg.to_dict()}, weights)
+    argv = ["train", "vocoder", "--data", str(shard_dir), "--shards", str(shard_dir), "--out", str(tmp_path / "cli"),
+            "--units", "probs", "--batch-size", "1", "--segment-frames", "8", "--device", "cpu", "--steps", "1",
+            "--content-loss", "0.5"]
+    assert main(argv) == 2 and "--content-weights" in capsys.readouterr().err
+    assert main([*argv, "--content-weights", str(weights)]) == 0
+    assert json.loads((tmp_path / "cli" / "config.json").read_text())["content_loss_weight"] == 0.5

@@ -37,6 +37,10 @@ def register(sub) -> None:
     p.add_argument("--adversarial-start-step", type=int, default=None,
                    help="step at which the MPD/MSD adversarial and feature-matching losses join (default: "
                         "never on CPU, where they cost ~10x per step; 0 on CUDA)")
+    p.add_argument("--discriminator-width", type=float, default=1.0, metavar="F",
+                   help="MPD/MSD channel widths as a fraction of HiFi-GAN's (default 1.0; e.g. 0.125 makes the "
+                        "adversarial losses affordable on a CPU: the discriminators then cost about as much as the "
+                        "generator's step)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--units-temperature", type=float, default=0.05,
                    help="Eq. 1 temperature of the soft units (default 0.05; the neural method feeds the same)")
@@ -62,11 +66,31 @@ def register(sub) -> None:
                         "of up to F times theirs (drawn per segment; default 0 = off), meant to teach the vocoder "
                         "the less exact content the encoder gives for voices it was not trained on (0.5 and 1.0 "
                         "did not change so762_dev WER measurably: models/neural/README.md)")
+    p.add_argument("--content-loss", type=float, default=d.content_loss_weight, metavar="W",
+                   help="weight of a content-consistency loss: 1 - cosine between the content encoder's z of the "
+                        "output and of the target, per 20 ms frame (default 0 = off); needs --content-weights")
+    p.add_argument("--content-weights", type=Path, metavar="PT",
+                   help="torch weights of the content encoder that made the shards (e.g. "
+                        "models/content/content_encoder.pt for the packaged one), for --content-loss")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
     p.set_defaults(func=run)
+
+
+def scaled_discriminators(width: float):
+    """HiFi-GAN's MPD/MSD with every channel count scaled by ``width``, rounded to a multiple of 16 (the
+    MSD's grouped convolutions have up to 16 groups)."""
+    from rtanon.neural.config import DiscriminatorConfig
+
+    d = DiscriminatorConfig()
+
+    def scale(channels):
+        return tuple(max(16, 16 * round(c * width / 16)) for c in channels)
+
+    return DiscriminatorConfig(periods=d.periods, mpd_channels=scale(d.mpd_channels),
+                               msd_channels=scale(d.msd_channels), msd_scales=d.msd_scales)
 
 
 def run(args) -> int:
@@ -122,13 +146,25 @@ def run(args) -> int:
             torch.save(warm_start(args.init, vocoder), args.out / "generator.pt")
         except ValueError as exc:
             raise CliError(str(exc)) from None
+    if not 0.0 < args.discriminator_width <= 1.0:
+        raise CliError(f"--discriminator-width {args.discriminator_width}; use a fraction in (0, 1]")
+    content_model = None
+    if args.content_loss > 0:
+        if args.content_weights is None or not args.content_weights.exists():
+            raise CliError(f"--content-loss {args.content_loss} needs --content-weights: the torch weights of the "
+                           "content encoder that made the shards (e.g. models/content/content_encoder.pt)")
+        from rtanon.content.train import load_checkpoint
+
+        content_model = load_checkpoint(args.content_weights)
     adv = args.adversarial_start_step
     if adv is None:
         adv = 0 if device.startswith("cuda") else 10**9
-    config = replace(TrainConfig(), vocoder=vocoder, steps=args.steps, batch_size=args.batch_size,
+    config = replace(TrainConfig(), vocoder=vocoder, discriminators=scaled_discriminators(args.discriminator_width),
+                     steps=args.steps, batch_size=args.batch_size,
                      segment_frames=args.segment_frames, adversarial_start_step=adv,
                      learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed,
-                     residual_start_step=args.residual_start_step, units_noise=args.units_noise)
+                     residual_start_step=args.residual_start_step, units_noise=args.units_noise,
+                     content_loss_weight=args.content_loss)
     try:
         config.validate()
     except ValueError as exc:
@@ -137,7 +173,8 @@ def run(args) -> int:
           f"training on {device}; log: {args.out / 'train.log'}", flush=True)
     augment = BlendWithOtherSpeaker(prob=args.blend_prob) if args.blend_prob > 0 else None
     last = train_vocoder(config, data, args.out, device=device, speaker_augment=augment,
-                         max_minutes=args.max_minutes, on_log=lambda r: print(json.dumps(r), flush=True))
+                         max_minutes=args.max_minutes, on_log=lambda r: print(json.dumps(r), flush=True),
+                         content_model=content_model)
     onnx_path = export_onnx(load_generator(args.out / "generator.pt"), args.out / "vocoder.onnx")
     print(f"stopped at step {last.get('step')}; weights {args.out / 'generator.pt'}, graph {onnx_path}")
     return 0

@@ -28,7 +28,9 @@ from the loaded shards; the generator runs from the zero state and the first
 ``context_frames`` frames of each segment are left out of the losses (the
 streaming model always has history at run time). Losses: 45 x mel L1 +
 multi-resolution STFT from step 0; MPD/MSD adversarial + 2 x feature matching
-from ``adversarial_start_step`` (paper 002 Eq. 2-5). Fixed seeds: batch ``s``
+from ``adversarial_start_step`` (paper 002 Eq. 2-5); optionally a content-consistency
+loss (``content_loss_weight``): the frozen content encoder's ``z`` of the output
+against its ``z`` of the target, 1 - cosine per frame. Fixed seeds: batch ``s``
 is drawn from ``np.random.default_rng([seed, s])``, so a resumed run sees the
 same data as an uninterrupted one. AMP (bf16, or fp16 with a gradient scaler)
 on CUDA only.
@@ -317,6 +319,10 @@ class TrainConfig:
     #: shards; this is meant to teach the vocoder less exact content (0.5 and 1.0 did not change so762_dev WER
     #: measurably: models/neural/README.md, "Tried, not shipped").
     units_noise: float = 0.0
+    #: Content-consistency loss: weight of 1 - cos(z(output), z(target)) per 20 ms frame, both from the frozen
+    #: content encoder run from the zero state over the segment's loss frames (0 = off). The mel and STFT
+    #: losses weigh every band alike; this one weighs what the encoder (distilled from an ASR model) hears.
+    content_loss_weight: float = 0.0
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     log_every: int = 50
@@ -335,12 +341,28 @@ class TrainConfig:
                               "than 1024 samples)")
         if self.batch_size < 1 or self.steps < 1 or self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("batch_size, steps, checkpoint_every and log_every must be >= 1")
+        if self.content_loss_weight < 0:
+            raise ConfigError(f"content_loss_weight={self.content_loss_weight}; use 0 (off) or more")
         if not 0.0 <= self.units_noise <= 2.0:
             raise ConfigError(f"units_noise={self.units_noise}; use 0 (off) to 2 (noise up to twice the content's "
                               "norm)")
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def content_consistency_loss(content_model, fake, real):
+    """Mean over frames of 1 - cos(z(fake), z(real)): ``fake``/``real`` (B, N) audio, N a multiple of 320,
+    both encoded by ``content_model`` (a ``ContentEncoder``) from its zero state, as the target is never
+    differentiated."""
+    import torch
+
+    state = content_model.init_state(fake.shape[0])
+    state = tuple(s.to(fake.device) for s in state)
+    with torch.no_grad():
+        z_real = content_model(real, *state)[1]
+    z_fake = content_model(fake, *state)[1]
+    return (1.0 - torch.nn.functional.cosine_similarity(z_fake, z_real, dim=-1)).mean()
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -404,9 +426,13 @@ def warm_start(path: str | Path, vocoder_config) -> dict:
 def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, device: str | None = None,
                   resume: bool = True, max_steps: int | None = None,
                   speaker_augment: SpeakerAugment | None = None,
-                  on_log: Callable[[dict], None] | None = None, max_minutes: float | None = None) -> dict:
+                  on_log: Callable[[dict], None] | None = None, max_minutes: float | None = None,
+                  content_model=None) -> dict:
     """Trains (or resumes training of) the vocoder until ``config.steps`` (or ``max_steps`` more steps
-    in this call, or until ``max_minutes`` of wall clock, with a checkpoint). Returns the last log record. See the module docstring for the run directory."""
+    in this call, or until ``max_minutes`` of wall clock, with a checkpoint). Returns the last log record. See the module docstring for the run directory.
+
+    ``content_model``: the torch ``ContentEncoder`` whose ``z`` fills the shards (``rtanon.content.train.
+    load_checkpoint``), needed when ``config.content_loss_weight`` > 0; it is frozen here."""
     import torch
 
     from rtanon.neural.discriminators import Discriminators
@@ -445,6 +471,11 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         raise ConfigError(f"aux_mel_bins={config.vocoder.aux_mel_bins}; it must equal the mel loss's "
                           f"{mel_loss.mel.mel_basis.shape[0]} bands")
     stft_loss = MultiResolutionStftLoss().to(device) if config.use_stft_loss else None
+    if config.content_loss_weight > 0:
+        if content_model is None:
+            raise ConfigError("content_loss_weight > 0 needs the content encoder's torch weights (content_model)")
+        content_model = content_model.to(device).eval()
+        content_model.requires_grad_(False)
 
     step = 0
     gen_path, trainer_path = run_dir / "generator.pt", run_dir / "trainer.pt"
@@ -531,6 +562,11 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             mel = mel_loss(fake, real)
             stft = stft_loss(fake, real) if stft_loss is not None else None
             g_loss, parts = generator_loss(mel, fake_scores, real_fmaps, fake_fmaps, stft)
+            if config.content_loss_weight > 0:
+                closs = content_consistency_loss(content_model, fake[:, 0], real[:, 0])
+                g_loss = g_loss + config.content_loss_weight * closs
+                parts["content"] = float(closs.detach())
+                parts["total"] += config.content_loss_weight * parts["content"]
             if aux_mel:  # frame k of the head is the mel frame centred on sample 160 k of the segment
                 with torch.no_grad():
                     target = mel_loss.mel(real[:, 0])  # frames centred on ctx + 160 k
