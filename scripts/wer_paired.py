@@ -64,19 +64,20 @@ def run(args) -> int:
         AnonymizerConfig(method="neural", neural=NeuralConfig(vocoder_onnx=args.vocoder)))
     asr = WhisperTranscriber()
     rows, t0 = [], time.perf_counter()
-    for i, utt in enumerate(utts[::args.stride]):
+    picked = range(0, len(utts), args.stride)
+    for i, k in enumerate(picked):
+        utt = utts[k]
         x, sr = sf.read(data.wav[utt], dtype="float32")
         if sr != 16000:
             raise SystemExit(f"{utt}: {sr} Hz; this script expects 16 kHz audio")
         x = x.mean(axis=1) if x.ndim > 1 else x
-        k = utts.index(utt)
         y = x if anonymizer is None else anonymizer.open_session(seed=args.seed_base + k).process_signal(x)
         ref, hyp = normalize(data.text[utt]), normalize(asr.transcribe(y))
         s, d, ins = error_counts(ref, hyp)
         assert s + d + ins == word_errors(ref, hyp)
         rows.append({"utt": utt, "seed": args.seed_base + k, "ref": " ".join(ref), "hyp": " ".join(hyp),
                      "s": s, "d": d, "i": ins, "n": len(ref)})
-        print(f"\r{i + 1}/{len(utts[::args.stride])} utterances", end="", file=sys.stderr, flush=True)
+        print(f"\r{i + 1}/{len(picked)} utterances", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     Path(args.out).write_text(json.dumps(rows, indent=0))
     n = sum(r["n"] for r in rows)

@@ -353,8 +353,8 @@ class TrainConfig:
 
 def content_consistency_loss(content_model, fake, real):
     """Mean over frames of 1 - cos(z(fake), z(real)): ``fake``/``real`` (B, N) audio, N a multiple of 320,
-    both encoded by ``content_model`` (a ``ContentEncoder``) from its zero state, as the target is never
-    differentiated."""
+    both encoded by ``content_model`` (a ``ContentEncoder``) from its zero state; gradients flow through
+    the ``fake`` side only."""
     import torch
 
     state = content_model.init_state(fake.shape[0])
