@@ -174,6 +174,9 @@ def test_word_errors():
     assert metrics.word_errors("a b c".split(), "a x c d".split()) == 2
     assert metrics.word_errors([], "a b".split()) == 2
     assert metrics.word_errors("a b".split(), []) == 2
+    assert metrics.error_counts("a b c".split(), "a x c d".split()) == (1, 0, 1)
+    assert metrics.error_counts("a b c".split(), "a c".split()) == (0, 1, 0)
+    assert metrics.error_counts([], "a b".split()) == (0, 0, 2)
 
 
 def test_pearson_voiced_uses_frames_voiced_in_both():

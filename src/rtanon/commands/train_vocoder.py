@@ -38,9 +38,9 @@ def register(sub) -> None:
                    help="step at which the MPD/MSD adversarial and feature-matching losses join (default: "
                         "never on CPU, where they cost ~10x per step; 0 on CUDA)")
     p.add_argument("--discriminator-width", type=float, default=1.0, metavar="F",
-                   help="MPD/MSD channel widths as a fraction of HiFi-GAN's (default 1.0; e.g. 0.125 makes the "
-                        "adversarial losses affordable on a CPU: the discriminators then cost about as much as the "
-                        "generator's step)")
+                   help="MPD/MSD channel widths as a fraction of HiFi-GAN's (default 1.0; 0.125 makes the "
+                        "adversarial losses affordable on a CPU: one forward and backward pass of both at batch 16 "
+                        "then takes about 0.55 s on one thread, and a step runs them about three times)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--units-temperature", type=float, default=0.05,
                    help="Eq. 1 temperature of the soft units (default 0.05; the neural method feeds the same)")

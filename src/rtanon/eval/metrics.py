@@ -21,7 +21,7 @@ Voice similarity matrices (paper 001 Eq. 2-5):
   the mean llr between the segments of speakers i and j.
 - ``diagonal_dominance(M)``, ``deid(M_oo, M_op)``, ``gvd_db(M_oo, M_pp)``.
 
-Utility: ``word_errors(ref, hyp)`` (Levenshtein on word lists) and
+Utility: ``word_errors(ref, hyp)`` (Levenshtein on word lists; ``error_counts`` splits it) and
 ``pearson_voiced(f0_a, f0_b)`` (F0 correlation on frames voiced in both).
 """
 
@@ -309,15 +309,28 @@ def gvd_db(m_oo: np.ndarray, m_pp: np.ndarray) -> float:
 # --------------------------------------------------------------------------- utility
 
 
+def error_counts(ref: list[str], hyp: list[str]) -> tuple[int, int, int]:
+    """(substitutions, deletions, insertions) of one minimum-edit word alignment of ``hyp`` to ``ref``;
+    their sum is the Levenshtein distance."""
+    d = [[i + j if i == 0 or j == 0 else 0 for j in range(len(hyp) + 1)] for i in range(len(ref) + 1)]
+    for i, r in enumerate(ref, 1):
+        for j, h in enumerate(hyp, 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (r != h))
+    i, j, subs, dels, ins = len(ref), len(hyp), 0, 0, 0
+    while i > 0 or j > 0:  # trace one optimal path back
+        if i > 0 and j > 0 and d[i][j] == d[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]):
+            subs += ref[i - 1] != hyp[j - 1]
+            i, j = i - 1, j - 1
+        elif i > 0 and d[i][j] == d[i - 1][j] + 1:
+            dels, i = dels + 1, i - 1
+        else:
+            ins, j = ins + 1, j - 1
+    return subs, dels, ins
+
+
 def word_errors(ref: list[str], hyp: list[str]) -> int:
     """Word-level Levenshtein distance (substitutions + deletions + insertions)."""
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1]
+    return sum(error_counts(ref, hyp))
 
 
 def pearson_voiced(f0_a: np.ndarray, f0_b: np.ndarray, *, min_frames: int = 3) -> float | None:
