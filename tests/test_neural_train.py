@@ -349,6 +349,21 @@ def test_content_consistency_loss_is_zero_on_the_target_and_trains_the_output():
     assert float(loss) > 1e-4 and fake.grad.abs().max() > 0
 
 
+def test_content_loss_layers_add_the_hidden_layers_and_leave_no_hooks():
+    from rtanon.neural.train import content_consistency_loss
+
+    model = _tiny_content_encoder().requires_grad_(False)  # frozen, as in training
+    g = torch.Generator().manual_seed(1)
+    real = 0.1 * torch.randn(2, 3200, generator=g)
+    assert float(content_consistency_loss(model, real, real, layers=True)) == pytest.approx(0.0, abs=1e-5)
+    fake = (real + 0.05 * torch.randn(2, 3200, generator=g)).requires_grad_(True)
+    z_only = float(content_consistency_loss(model, fake, real).detach())
+    loss = content_consistency_loss(model, fake, real, layers=True)
+    loss.backward()
+    assert float(loss) > z_only + 1e-3 and fake.grad.abs().max() > 0
+    assert all(not layer._forward_hooks for layer in model.res)
+
+
 def test_content_loss_joins_training_and_needs_the_encoder(shard_dir, tmp_path, capsys):
     from rtanon.cli import main
     from rtanon.config import ConfigError
@@ -377,3 +392,53 @@ def test_content_loss_joins_training_and_needs_the_encoder(shard_dir, tmp_path, 
     assert main(argv) == 2 and "--content-weights" in capsys.readouterr().err
     assert main([*argv, "--content-weights", str(weights)]) == 0
     assert json.loads((tmp_path / "cli" / "config.json").read_text())["content_loss_weight"] == 0.5
+
+
+def test_shift_f0_to_median_moves_voiced_frames_only():
+    from rtanon.neural.train import shift_f0_to_median
+
+    f0 = np.array([[0.0, 100.0, 200.0, 0.0, 400.0], [0.0, 0.0, 0.0, 0.0, 0.0]], np.float32)
+    out = shift_f0_to_median(f0, np.array([150.0, 300.0], np.float32))
+    assert np.median(out[0][f0[0] > 0]) == pytest.approx(150.0)
+    np.testing.assert_allclose(out[0][f0[0] > 0], [75.0, 150.0, 300.0], rtol=1e-6)  # ratios kept
+    assert (out[0][f0[0] == 0] == 0).all() and (out[1] == 0).all()
+    assert f0[0, 1] == 100.0  # the input is not changed
+
+
+def test_pseudo_speaker_targets_draw_voices_like_the_method():
+    from rtanon.identity.speaker import IdentityModel
+    from rtanon.neural.train import PseudoSpeakerTargets
+
+    targets = PseudoSpeakerTargets(IdentityModel())
+    emb, median = targets(np.random.default_rng(0), 3)
+    assert emb.shape == (3, 256) and emb.dtype == np.float32 and median.shape == (3,)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-4)
+    assert (median > 50).all() and (median < 500).all() and len(set(median.tolist())) == 3
+    again, _ = targets(np.random.default_rng(0), 3)
+    np.testing.assert_array_equal(emb, again)
+
+
+def test_converted_content_loss_renders_other_voices_and_needs_targets(shard_dir, tmp_path):
+    from rtanon.config import ConfigError
+
+    data = ShardDataset(shard_dir)
+    config = dataclasses.replace(_config(2), converted_content_weight=1.0, converted_fraction=0.5,
+                                 adversarial_start_step=10)
+    encoder = _tiny_content_encoder()
+    with pytest.raises(ConfigError, match="conversion_targets"):
+        train_vocoder(config, data, tmp_path / "none", device="cpu", content_model=encoder)
+    calls = []
+
+    def targets(rng, n):
+        calls.append(n)
+        emb = rng.standard_normal((n, data.embeddings.shape[1])).astype(np.float32)
+        return emb / np.linalg.norm(emb, axis=1, keepdims=True), np.full(n, 220.0, np.float32)
+
+    last = train_vocoder(config, data, tmp_path / "run", device="cpu", content_model=encoder,
+                         conversion_targets=targets)
+    assert calls == [max(1, round(0.5 * config.batch_size))] * 2  # one draw per step, half the batch
+    assert np.isfinite(last["g_content_converted"]) and last["g_content_converted"] > 0
+    assert "g_content" not in last  # the own-voice content loss stays off
+    plain = train_vocoder(_config(2), data, tmp_path / "plain", device="cpu")
+    a, b = (load_generator(tmp_path / r / "generator.pt").state_dict() for r in ("run", "plain"))
+    assert any((a[k] - b[k]).abs().max() > 0 for k in a)

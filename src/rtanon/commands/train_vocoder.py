@@ -69,6 +69,14 @@ def register(sub) -> None:
     p.add_argument("--content-loss", type=float, default=d.content_loss_weight, metavar="W",
                    help="weight of a content-consistency loss: 1 - cosine between the content encoder's z of the "
                         "output and of the target, per 20 ms frame (default 0 = off); needs --content-weights")
+    p.add_argument("--content-loss-layers", action="store_true",
+                   help="the content losses also compare the content encoder's hidden (residual) layers, not only "
+                        "its z: a deep-feature loss that keeps more of the acoustic detail")
+    p.add_argument("--converted-content-loss", type=float, default=d.converted_content_weight, metavar="W",
+                   help="weight of the same content loss on half of each batch rendered again in a fresh "
+                        "pseudo-speaker's voice (drawn as the neural method draws one, F0 moved to its median): "
+                        "training otherwise hears only each speaker's own voice (default 0 = off; costs about "
+                        "half a step more); needs --content-weights")
     p.add_argument("--content-weights", type=Path, metavar="PT",
                    help="torch weights of the content encoder that made the shards (e.g. "
                         "models/content/content_encoder.pt for the packaged one), for --content-loss")
@@ -100,8 +108,8 @@ def run(args) -> int:
 
     from rtanon.errors import CliError
     from rtanon.neural.features import build_shards, default_extractors
-    from rtanon.neural.train import (BlendWithOtherSpeaker, ShardDataset, TrainConfig, load_generator, train_vocoder,
-                                     warm_start)
+    from rtanon.neural.train import (BlendWithOtherSpeaker, PseudoSpeakerTargets, ShardDataset, TrainConfig,
+                                     load_generator, train_vocoder, warm_start)
     from rtanon.neural.vocoder import VocoderConfig, export_onnx
 
     if args.threads:
@@ -149,13 +157,18 @@ def run(args) -> int:
     if not 0.0 < args.discriminator_width <= 1.0:
         raise CliError(f"--discriminator-width {args.discriminator_width}; use a fraction in (0, 1]")
     content_model = None
-    if args.content_loss > 0:
+    if args.content_loss > 0 or args.converted_content_loss > 0:
         if args.content_weights is None or not args.content_weights.exists():
-            raise CliError(f"--content-loss {args.content_loss} needs --content-weights: the torch weights of the "
-                           "content encoder that made the shards (e.g. models/content/content_encoder.pt)")
+            raise CliError("--content-loss and --converted-content-loss need --content-weights: the torch weights "
+                           "of the content encoder that made the shards (e.g. models/content/content_encoder.pt)")
         from rtanon.content.train import load_checkpoint
 
         content_model = load_checkpoint(args.content_weights)
+    targets = None
+    if args.converted_content_loss > 0:
+        from rtanon.identity.speaker import IdentityModel
+
+        targets = PseudoSpeakerTargets(IdentityModel())
     adv = args.adversarial_start_step
     if adv is None:
         adv = 0 if device.startswith("cuda") else 10**9
@@ -164,7 +177,8 @@ def run(args) -> int:
                      segment_frames=args.segment_frames, adversarial_start_step=adv,
                      learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed,
                      residual_start_step=args.residual_start_step, units_noise=args.units_noise,
-                     content_loss_weight=args.content_loss)
+                     content_loss_weight=args.content_loss, converted_content_weight=args.converted_content_loss,
+                     content_loss_layers=args.content_loss_layers)
     try:
         config.validate()
     except ValueError as exc:
@@ -174,7 +188,7 @@ def run(args) -> int:
     augment = BlendWithOtherSpeaker(prob=args.blend_prob) if args.blend_prob > 0 else None
     last = train_vocoder(config, data, args.out, device=device, speaker_augment=augment,
                          max_minutes=args.max_minutes, on_log=lambda r: print(json.dumps(r), flush=True),
-                         content_model=content_model)
+                         content_model=content_model, conversion_targets=targets)
     onnx_path = export_onnx(load_generator(args.out / "generator.pt"), args.out / "vocoder.onnx")
     print(f"stopped at step {last.get('step')}; weights {args.out / 'generator.pt'}, graph {onnx_path}")
     return 0

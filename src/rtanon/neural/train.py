@@ -323,6 +323,14 @@ class TrainConfig:
     #: content encoder run from the zero state over the segment's loss frames (0 = off). The mel and STFT
     #: losses weigh every band alike; this one weighs what the encoder (distilled from an ASR model) hears.
     content_loss_weight: float = 0.0
+    #: Converted-voice content loss: the first ``converted_fraction`` of each batch is rendered a second time
+    #: in a pseudo-speaker's voice (``train_vocoder``'s ``conversion_targets``: embedding, and the F0 moved
+    #: to its median), and this weighs the same 1 - cos(z(converted), z(target)) on it. Training otherwise
+    #: sees only the speaker's own voice, while the method always renders another one (0 = off).
+    #: The content losses also compare the encoder's residual layers (``content_consistency_loss(layers=True)``).
+    content_loss_layers: bool = False
+    converted_content_weight: float = 0.0
+    converted_fraction: float = 0.5
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     log_every: int = 50
@@ -341,8 +349,11 @@ class TrainConfig:
                               "than 1024 samples)")
         if self.batch_size < 1 or self.steps < 1 or self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("batch_size, steps, checkpoint_every and log_every must be >= 1")
-        if self.content_loss_weight < 0:
-            raise ConfigError(f"content_loss_weight={self.content_loss_weight}; use 0 (off) or more")
+        if self.content_loss_weight < 0 or self.converted_content_weight < 0:
+            raise ConfigError(f"content_loss_weight={self.content_loss_weight}, converted_content_weight="
+                              f"{self.converted_content_weight}; use 0 (off) or more")
+        if not 0.0 < self.converted_fraction <= 1.0:
+            raise ConfigError(f"converted_fraction={self.converted_fraction}; use a fraction in (0, 1]")
         if not 0.0 <= self.units_noise <= 2.0:
             raise ConfigError(f"units_noise={self.units_noise}; use 0 (off) to 2 (noise up to twice the content's "
                               "norm)")
@@ -351,18 +362,62 @@ class TrainConfig:
         return asdict(self)
 
 
-def content_consistency_loss(content_model, fake, real):
+def content_consistency_loss(content_model, fake, real, layers: bool = False):
     """Mean over frames of 1 - cos(z(fake), z(real)): ``fake``/``real`` (B, N) audio, N a multiple of 320,
     both encoded by ``content_model`` (a ``ContentEncoder``) from its zero state; gradients flow through
-    the ``fake`` side only."""
+    the ``fake`` side only. ``layers``: plus, for each residual layer of the encoder, the L1 distance of its
+    outputs divided by the mean magnitude of the target's (a deep-feature loss: the hidden layers keep
+    more of the acoustic detail than ``z``), averaged over the layers."""
     import torch
 
     state = content_model.init_state(fake.shape[0])
     state = tuple(s.to(fake.device) for s in state)
-    with torch.no_grad():
-        z_real = content_model(real, *state)[1]
-    z_fake = content_model(fake, *state)[1]
-    return (1.0 - torch.nn.functional.cosine_similarity(z_fake, z_real, dim=-1)).mean()
+    hidden: list = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: hidden.append(out[0])) for m in content_model.res] \
+        if layers else []
+    try:
+        with torch.no_grad():
+            z_real = content_model(real, *state)[1]
+        h_real, hidden[:] = list(hidden), []
+        z_fake = content_model(fake, *state)[1]
+    finally:
+        for h in hooks:
+            h.remove()
+    loss = (1.0 - torch.nn.functional.cosine_similarity(z_fake, z_real, dim=-1)).mean()
+    if layers:
+        loss = loss + sum((a - b).abs().mean() / (b.abs().mean() + 1e-6) for a, b in zip(hidden, h_real)) / len(h_real)
+    return loss
+
+
+class ConversionTargets(Protocol):
+    def __call__(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` voices to convert to: embeddings (n, D) float32 and median F0 in Hz (n,)."""
+        ...
+
+
+@dataclass
+class PseudoSpeakerTargets:
+    """Conversion targets drawn as the method draws a session's voice: ``identities`` is an
+    :class:`rtanon.identity.speaker.IdentityModel`, ``strategy`` its pseudo-speaker strategy."""
+
+    identities: object
+    strategy: str = "gmm"
+
+    def __call__(self, rng, n):
+        voices = [self.identities.new_identity(self.strategy, rng=rng) for _ in range(n)]
+        return (np.stack([v.embedding for v in voices]).astype(np.float32),
+                np.array([v.median_f0_hz for v in voices], np.float32))
+
+
+def shift_f0_to_median(f0_hz: np.ndarray, median_hz: np.ndarray) -> np.ndarray:
+    """Each row of ``f0_hz`` (B, F; 0 = unvoiced) scaled so that its voiced median becomes ``median_hz[b]``
+    (a shift in log-F0, as a session's pitch mapping does on average); rows without voiced frames stay."""
+    out = f0_hz.copy()
+    for b in range(len(out)):
+        voiced = out[b] > 0
+        if voiced.any():
+            out[b, voiced] = np.clip(out[b, voiced] * (median_hz[b] / np.median(out[b, voiced])), 40.0, 600.0)
+    return out
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -427,12 +482,14 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                   resume: bool = True, max_steps: int | None = None,
                   speaker_augment: SpeakerAugment | None = None,
                   on_log: Callable[[dict], None] | None = None, max_minutes: float | None = None,
-                  content_model=None) -> dict:
+                  content_model=None, conversion_targets: ConversionTargets | None = None) -> dict:
     """Trains (or resumes training of) the vocoder until ``config.steps`` (or ``max_steps`` more steps
     in this call, or until ``max_minutes`` of wall clock, with a checkpoint). Returns the last log record. See the module docstring for the run directory.
 
     ``content_model``: the torch ``ContentEncoder`` whose ``z`` fills the shards (``rtanon.content.train.
-    load_checkpoint``), needed when ``config.content_loss_weight`` > 0; it is frozen here."""
+    load_checkpoint``), needed when ``config.content_loss_weight`` or ``converted_content_weight`` > 0; it
+    is frozen here. ``conversion_targets`` (e.g. :class:`PseudoSpeakerTargets`): the voices of the
+    converted-voice content loss, needed when ``config.converted_content_weight`` > 0."""
     import torch
 
     from rtanon.neural.discriminators import Discriminators
@@ -471,9 +528,12 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         raise ConfigError(f"aux_mel_bins={config.vocoder.aux_mel_bins}; it must equal the mel loss's "
                           f"{mel_loss.mel.mel_basis.shape[0]} bands")
     stft_loss = MultiResolutionStftLoss().to(device) if config.use_stft_loss else None
-    if config.content_loss_weight > 0:
+    converted = config.converted_content_weight > 0
+    if converted and conversion_targets is None:
+        raise ConfigError("converted_content_weight > 0 needs conversion_targets (the voices to convert to)")
+    if config.content_loss_weight > 0 or converted:
         if content_model is None:
-            raise ConfigError("content_loss_weight > 0 needs the content encoder's torch weights (content_model)")
+            raise ConfigError("a content loss needs the content encoder's torch weights (content_model)")
         content_model = content_model.to(device).eval()
         content_model.requires_grad_(False)
 
@@ -563,10 +623,23 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             stft = stft_loss(fake, real) if stft_loss is not None else None
             g_loss, parts = generator_loss(mel, fake_scores, real_fmaps, fake_fmaps, stft)
             if config.content_loss_weight > 0:
-                closs = content_consistency_loss(content_model, fake[:, 0], real[:, 0])
+                closs = content_consistency_loss(content_model, fake[:, 0], real[:, 0], config.content_loss_layers)
                 g_loss = g_loss + config.content_loss_weight * closs
                 parts["content"] = float(closs.detach())
                 parts["total"] += config.content_loss_weight * parts["content"]
+            if converted:  # the first h items again, in pseudo-speakers' voices: only the content must stay
+                h = max(1, int(round(config.converted_fraction * config.batch_size)))
+                emb_c, median_c = conversion_targets(rng, h)
+                f0_c = shift_f0_to_median(b["f0_hz"][:h], median_c)
+                with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
+                    fake_c, _ = gen.forward_with_mel(units[:h], torch.from_numpy(f0_c).to(device),
+                                                     torch.from_numpy(emb_c).to(device), noise_t[:h],
+                                                     residual=residual)
+                closs_c = content_consistency_loss(content_model, fake_c.float()[:, ctx:], real[:h, 0],
+                                                   config.content_loss_layers)
+                g_loss = g_loss + config.converted_content_weight * closs_c
+                parts["content_converted"] = float(closs_c.detach())
+                parts["total"] += config.converted_content_weight * parts["content_converted"]
             if aux_mel:  # frame k of the head is the mel frame centred on sample 160 k of the segment
                 with torch.no_grad():
                     target = mel_loss.mel(real[:, 0])  # frames centred on ctx + 160 k
