@@ -568,8 +568,6 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     end = config.steps if max_steps is None else min(config.steps, step + max_steps)
     ctx = config.context_frames * HOP_SAMPLES
     record: dict = {}
-    log = open(run_dir / "train.log", "a")
-    t_last = t_start = time.perf_counter()
     if data.units_kind != config.vocoder.units_kind:
         raise ConfigError(f"the shards hold content {data.units_kind!r}, the vocoder config expects "
                           f"{config.vocoder.units_kind!r}; build shards of the right kind")
@@ -577,6 +575,8 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         raise ConfigError(f"the dataset's units are at temperature {data.units_temperature}, the vocoder config "
                           f"says {config.vocoder.units_temperature}; load the shards with "
                           "ShardDataset(..., units_temperature=config.vocoder.units_temperature)")
+    log = open(run_dir / "train.log", "a")
+    t_last = t_start = time.perf_counter()
     try:
         gen.train()
         disc.train()
