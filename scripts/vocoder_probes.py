@@ -1,7 +1,10 @@
-"""Where does the neural voice lose intelligibility? Two probes on the vocoder's feature shards.
+"""Where does the neural voice lose intelligibility? Two probes on the vocoder's feature shards, and a
+copy-synthesis WER.
 
     PYTHONPATH=src python scripts/vocoder_probes.py oracle --shards runs/vocoder/shards [--utt 2]
     PYTHONPATH=src python scripts/vocoder_probes.py units --shards runs/vocoder/shards [--shift 0] [--logits]
+    PYTHONPATH=src python scripts/vocoder_probes.py copysyn --data ../shared/data/so762_dev [--stride 5] \
+        [--generator src/rtanon/models/neural/generator.pt] [--variants original,own,pseudo,own_f0pseudo]
 
 ``oracle``: how close can the envelope synthesiser (``rtanon.neural.vocoder.EnvelopeSynth``) get to one
 real utterance when its two envelopes are free parameters per 10 ms frame, fitted by gradient descent with
@@ -13,7 +16,15 @@ speaker embedding on every third shard and reports the log-mel L1 on ``shard_000
 saw; its speakers may overlap the fitted shards'). ``--shift N`` gives the net N frames (20 ms each) of
 lookahead; ``--logits`` feeds log-probabilities instead of the sharpened units.
 
-Both run on one CPU thread in a few minutes. Shards: ``rtanon train vocoder`` writes them to OUT/shards.
+``copysyn``: every ``stride``-th utterance of a Kaldi dir vocoded offline from its own content ``z`` and F0
+(the packaged content encoder and F0 tracker) and transcribed with the evaluation's Whisper, in variants:
+``own`` = the utterance's own resemblyzer embedding and F0 (what training reconstructs), ``pseudo`` = a
+fresh pseudo-speaker (seed 1000 + index, as ``scripts/wer_paired.py`` draws them) with the F0 moved to its
+median, ``own_f0pseudo`` = the own embedding with that moved F0, ``original`` = the input itself. The
+output is scaled to the input's RMS. Separates what the content/vocoder path loses from what the change of
+voice loses.
+
+All run on one CPU thread in a few minutes. Shards: ``rtanon train vocoder`` writes them to OUT/shards.
 """
 
 from __future__ import annotations
@@ -109,6 +120,63 @@ def units(args) -> None:
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
+COPYSYN_VARIANTS = ("original", "own", "pseudo", "own_f0pseudo")
+
+
+def copysyn(args) -> None:
+    import soundfile as sf
+
+    from rtanon.eval.asr import WhisperTranscriber
+    from rtanon.eval.metrics import error_counts
+    from rtanon.eval.textnorm import normalize
+    from rtanon.identity.speaker import IdentityModel
+    from rtanon.kaldi import KaldiDir
+    from rtanon.neural.features import default_extractors
+    from rtanon.neural.train import load_generator, shift_f0_to_median
+
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(COPYSYN_VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {COPYSYN_VARIANTS}")
+    data = KaldiDir.load(args.data)
+    utts = sorted(u for u in data.wav if u in data.text)
+    extract = default_extractors(units_kind="z")
+    gen = load_generator(args.generator).eval()
+    identities, asr = IdentityModel(), WhisperTranscriber()
+    errors = {v: np.zeros(4, int) for v in variants}  # substitutions, deletions, insertions, words
+    t0 = time.perf_counter()
+    picked = range(0, len(utts), args.stride)
+    for k in picked:
+        x, sr = sf.read(data.wav[utts[k]], dtype="float32")
+        if sr != 16000:
+            raise SystemExit(f"{utts[k]}: {sr} Hz; this probe expects 16 kHz audio")
+        x = x.mean(axis=1) if x.ndim > 1 else x
+        z, f0 = extract.units(x), extract.f0_hz(x)
+        t = min(len(z), len(f0) // 2)
+        z, f0 = z[:t], f0[:2 * t]
+        own = extract.speaker_embedding([x]).astype(np.float32)
+        voice = identities.new_identity("gmm", rng=np.random.default_rng(1000 + k))
+        f0_moved = shift_f0_to_median(f0[None], np.array([voice.median_f0_hz], np.float32))[0]
+        ref = normalize(data.text[utts[k]])
+        for v in variants:
+            if v == "original":
+                y = x
+            else:
+                emb = own if v.startswith("own") else voice.embedding.astype(np.float32)
+                f = f0 if v == "own" else f0_moved
+                noise = torch.randn(1, 320 * t, generator=torch.Generator().manual_seed(k))
+                with torch.no_grad():
+                    y = gen(torch.from_numpy(z[None]), torch.from_numpy(f[None].astype(np.float32)),
+                            torch.from_numpy(emb[None]), noise)[0].numpy()
+                y = y * (np.sqrt(np.mean(x[:len(y)] ** 2)) / max(1e-6, float(np.sqrt(np.mean(y ** 2)))))
+            errors[v] += (*error_counts(ref, normalize(asr.transcribe(y))), len(ref))
+    for v in variants:
+        s, d, i, n = errors[v]
+        print(f"copysyn {v}: {len(picked)} utterances, WER {100 * (s + d + i) / n:.1f} % (substitutions "
+              f"{100 * s / n:.1f}, deletions {100 * d / n:.1f}, insertions {100 * i / n:.1f})")
+    print(f"{time.perf_counter() - t0:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="probe", required=True)
@@ -123,6 +191,12 @@ def main() -> None:
     p.add_argument("--shift", type=int, default=0, help="frames of lookahead given to the regressor")
     p.add_argument("--logits", action="store_true", help="log-probabilities instead of units at temperature 0.05")
     p.set_defaults(func=units)
+    p = sub.add_parser("copysyn", help="WER of offline vocoding with the own voice and with a pseudo-voice")
+    p.add_argument("--data", required=True, help="Kaldi dir with text (e.g. ../shared/data/so762_dev)")
+    p.add_argument("--stride", type=int, default=5, help="every N-th utterance in sorted order (default 5)")
+    p.add_argument("--generator", default="src/rtanon/models/neural/generator.pt")
+    p.add_argument("--variants", default=",".join(COPYSYN_VARIANTS), help=f"comma-separated, from {COPYSYN_VARIANTS}")
+    p.set_defaults(func=copysyn)
     args = ap.parse_args()
     torch.set_num_threads(1)
     args.func(args)
