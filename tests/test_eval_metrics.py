@@ -169,6 +169,26 @@ def test_similarity_matrix_averages_llrs_per_speaker_pair():
 # ------------------------------------------------------------------ utility
 
 
+def test_asr_runaway_flags_a_looping_transcript_only():
+    ref = "nearly all republicans voted against the measure".split()
+    assert not metrics.asr_runaway(ref, ref)
+    assert not metrics.asr_runaway(ref, ("yummy all red purple " * 6).split())  # 24 words: long, not a loop
+    assert metrics.asr_runaway(ref, ["yummy"] + ["blue"] * 26)  # 27 > 3 x 7 + 5
+    assert not metrics.asr_runaway([], "a b c d e".split()) and metrics.asr_runaway([], "a b c d e f".split())
+
+
+def test_utility_splits_errors_and_leaves_runaways_out_beside_the_wer():
+    from rtanon.eval.runner import _utility
+
+    refs = {"u1": "bill likes yellow".split(), "u2": "a b c d".split()}
+    anon = {"text": {"u1": "here likes yellow", "u2": "a b " + "blue " * 40}, "f0": {}}
+    out = _utility({"f0": {}}, anon, refs)
+    assert out["wer_words"] == 7 and out["asr_runaways"] == ["u2"]
+    assert out["wer"] == pytest.approx((1 + 2 + 38) / 7)  # u2: c, d substituted, 38 blues inserted
+    assert out["wer_split"] == pytest.approx({"substitutions": 3 / 7, "deletions": 0.0, "insertions": 38 / 7})
+    assert out["wer_without_runaways"] == pytest.approx(1 / 3)
+
+
 def test_word_errors():
     assert metrics.word_errors("a b c".split(), "a b c".split()) == 0
     assert metrics.word_errors("a b c".split(), "a x c d".split()) == 2

@@ -59,6 +59,8 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path):
             assert 1.0 <= m["rank_mean"] <= 4.0 and 0.0 <= m["top1"] <= m["top5"] <= 1.0
             assert m["n_target"] == 8 and m["n_nontarget"] == 8  # 8 trials x 1 other same-gender speaker
         assert 0.0 <= s["wer"] and s["wer_words"] > 0
+        assert sum(s["wer_split"].values()) == pytest.approx(s["wer"])
+        assert isinstance(s["asr_runaways"], list) and s["wer_without_runaways"] >= 0.0
     orig, mc = report["systems"]["original"], report["systems"]["mcadams"]
     # nothing anonymized: the similarity matrices coincide and F0 is unchanged
     assert orig["deid"] == pytest.approx(0.0, abs=1e-9)

@@ -333,6 +333,13 @@ def word_errors(ref: list[str], hyp: list[str]) -> int:
     return sum(error_counts(ref, hyp))
 
 
+def asr_runaway(ref: list[str], hyp: list[str]) -> bool:
+    """True when ``hyp`` has more than 3 x len(ref) + 5 words: the ASR decoder looped ("blue blue blue
+    ...") instead of transcribing. One such utterance can add a hundred insertions and move a corpus WER
+    by several points, so reports count them and give the WER without them beside the WER itself."""
+    return len(hyp) > 3 * len(ref) + 5
+
+
 def pearson_voiced(f0_a: np.ndarray, f0_b: np.ndarray, *, min_frames: int = 3) -> float | None:
     """Pearson correlation of two F0 tracks (Hz, 0 = unvoiced, same frame
     rate) on the frames voiced in both; ``None`` when fewer than

@@ -62,9 +62,15 @@ def privacy_table(result: dict) -> str:
 
 
 def utility_table(result: dict) -> str:
-    rows = ["| system | WER | rho_F0 | DeID | GVD |", "|---|---|---|---|---|"]
+    rows = ["| system | WER | substitutions / deletions / insertions | ASR loops: utterances (WER without) | "
+            "rho_F0 | DeID | GVD |", "|---|---|---|---|---|---|---|"]
     for name, s in result["systems"].items():
-        rows.append(f"| {name} | {_fmt(s['wer'], pct=True)} | {_fmt(s['rho_f0'])} | "
+        split = s.get("wer_split")
+        split = " / ".join(_fmt(split[k], pct=True) for k in ("substitutions", "deletions", "insertions")) \
+            if split else "-"
+        loops = s.get("asr_runaways")
+        loops = f"{len(loops)} ({_fmt(s['wer_without_runaways'], pct=True)})" if loops is not None else "-"
+        rows.append(f"| {name} | {_fmt(s['wer'], pct=True)} | {split} | {loops} | {_fmt(s['rho_f0'])} | "
                     f"{_fmt(s['deid'], pct=True)} | {_fmt(s['gvd_db'], digits=2)} dB |")
     return "\n".join(rows)
 
@@ -111,7 +117,9 @@ def markdown(result: dict, figures: list[str]) -> str:
         "left out.",
         f"- WER: {result['analyzers']['asr']}; text normalised (case, punctuation, numbers written as one token per "
         "digit whether spelled or not). The corpus is non-native and partly children's speech, so compare against "
-        "`original`, not in absolute terms.",
+        "`original`, not in absolute terms. ASR loops: utterances whose transcript has more than 3 x the "
+        "reference's words + 5 (the decoder repeating itself); the WER column counts them, the one beside "
+        "leaves them out.",
         f"- rho_F0: Pearson correlation of original and anonymized F0 on frames voiced in both, mean over "
         f"utterances; tracker: {result['analyzers']['f0']}.",
         "- For `original`, lazy-informed equals ignorant (nothing to anonymize) and the semi-informed backend "

@@ -418,10 +418,19 @@ def _utility(orig: dict, anon: dict, refs: dict) -> dict:
 
     out: dict = {}
     if refs and anon["text"]:
-        errors = sum(metrics.word_errors(refs[u], normalize(anon["text"][u])) for u in refs)
+        hyps = {u: normalize(anon["text"][u]) for u in refs}
+        counts = {u: metrics.error_counts(refs[u], hyps[u]) for u in refs}
         words = sum(len(refs[u]) for u in refs)
-        out["wer"] = errors / max(1, words)
+        subs, dels, ins = (sum(c[k] for c in counts.values()) for k in range(3))
+        out["wer"] = (subs + dels + ins) / max(1, words)
         out["wer_words"] = words
+        out["wer_split"] = {"substitutions": subs / max(1, words), "deletions": dels / max(1, words),
+                            "insertions": ins / max(1, words)}
+        runaways = sorted(u for u in refs if metrics.asr_runaway(refs[u], hyps[u]))
+        kept = [u for u in refs if u not in runaways]
+        kept_words = sum(len(refs[u]) for u in kept)
+        out["asr_runaways"] = runaways
+        out["wer_without_runaways"] = sum(sum(counts[u]) for u in kept) / max(1, kept_words)
     else:
         out["wer"] = None
     rhos = [metrics.pearson_voiced(orig["f0"][u], anon["f0"][u]) for u in sorted(orig["f0"])]
