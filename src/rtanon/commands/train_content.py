@@ -39,6 +39,10 @@ def register(sub) -> None:
     p.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
                    help="weight of the L1 regression of the teacher's Whisper features from z, beside the unit "
                         f"cross-entropy (default {d.teacher_weight}: units only)")
+    p.add_argument("--phone-ctc", type=float, default=d.phone_ctc_weight, metavar="W",
+                   help="weight of a CTC loss from z to the phones of the transcripts (espeak-ng, which must be "
+                        f"installed: apt install espeak-ng), on {d.ctc_batch_size} whole transcribed utterances "
+                        f"per step beside the crops (default {d.phone_ctc_weight}: off)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
     p.add_argument("--freq-masks", type=int, default=d.freq_masks, metavar="N",
@@ -72,7 +76,7 @@ def run(args) -> int:
                                     cmn_frames=args.cmn_frames),
                       seed=args.seed, batch_size=args.batch_size, max_steps=args.max_steps,
                       max_minutes=args.max_minutes, threads=args.threads, lr=args.learning_rate,
-                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, init=args.init,
+                      teacher_weight=args.teacher_weight, phone_ctc_weight=args.phone_ctc, speed_prob=args.speed_prob, init=args.init,
                       freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()

@@ -18,6 +18,11 @@
    (80 bins, 25/10 ms), on the teacher's Whisper features, on the student's
    soft units and projections. Lower accuracy = less speaker information.
 
+4. **Phone error rate** (``--ctc-checkpoint CKPT``, a checkpoint trained with
+   ``--phone-ctc``): the training-only phone head on z, best-path CTC
+   decoding, against espeak-ng's phones of the transcripts: how well z tells
+   the phones apart on unseen speakers and sentences.
+
 Choosing the temperature of the units the neural method uses must not look
 at so762_dev: ``--shards DIR`` measures the same speaker-ID figure on the
 training speakers' utterances from vocoder feature shards (``rtanon train
@@ -170,6 +175,45 @@ def speaker_id_on_shards(shard_dir: Path, temperatures: tuple[float, ...], speak
     return result
 
 
+def phone_error_rate(checkpoint: Path, cache_dir: Path) -> dict:
+    """Phone error rate of a ``--phone-ctc`` checkpoint's phone head on the cached utterances (torch, offline
+    from the zero state, as a fresh stream), against espeak-ng's phones of their transcripts (cached as
+    ``phones.json`` beside the audio). Phones the training inventory lacks count as errors."""
+    import torch
+
+    from rtanon.content.features import CorpusCache
+    from rtanon.content.phones import build_phones, ctc_greedy
+    from rtanon.content.train import load_checkpoint
+    from rtanon.eval.metrics import error_counts
+
+    ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if not ck.get("ctc_head"):
+        raise ValueError(f"{checkpoint} has no phone head: train with --phone-ctc W")
+    inventory = ck["phones"]
+    model = load_checkpoint(checkpoint)
+    head = torch.nn.Linear(model.cfg.unit_dim, len(inventory))
+    head.load_state_dict(ck["ctc_head"])
+    cache = CorpusCache.load(Path(cache_dir))
+    source = json.loads((Path(cache_dir) / "index.json").read_text())["source"]
+    table = build_phones(Path(source), Path(cache_dir))
+    audio = cache.audio(mmap=True)
+    la = model.cfg.lookahead_frames
+    subs = dels = ins = n_ref = 0
+    with torch.no_grad():
+        for i, utt in enumerate(cache.utts):
+            if utt not in table or int(cache.frame_len[i]) < 5:
+                continue
+            o, n = int(cache.audio_offset[i]), int(cache.frame_len[i]) * FRAME_SAMPLES
+            x = np.zeros(n + la * FRAME_SAMPLES, dtype=np.float32)
+            x[:n] = np.asarray(audio[o:o + n], dtype=np.float32) / 32767.0
+            z = model(torch.from_numpy(x)[None], *model.init_state())[1][0, la:]
+            hyp = [inventory[k] for k in ctc_greedy(head(z).argmax(-1).tolist())]
+            s, d, e = error_counts(table[utt], hyp)
+            subs, dels, ins, n_ref = subs + s, dels + d, ins + e, n_ref + len(table[utt])
+    return {"phones": n_ref, "per": (subs + dels + ins) / max(n_ref, 1), "substitutions": subs / max(n_ref, 1),
+            "deletions": dels / max(n_ref, 1), "insertions": ins / max(n_ref, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rtanon.content.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, help="cache dir of the evaluation split (so762_dev)")
@@ -177,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=Path, help="instead: speaker-ID of the units of the training speakers in these "
                                                 "vocoder feature shards, to choose the temperature")
     ap.add_argument("--onnx", type=Path, default=None, help="ONNX encoder (default: the packaged model)")
+    ap.add_argument("--ctc-checkpoint", type=Path, default=None, metavar="CKPT",
+                    help="also the phone error rate of this --phone-ctc training checkpoint's phone head on --cache")
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.05, 0.025],
                     help="also measure the soft units sharpened to these temperatures (default 0.05 0.025)")
     args = ap.parse_args(argv)
@@ -190,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cache is None or args.kmeans is None:
         ap.error("give --cache and --kmeans (evaluation), or --shards (temperature choice on training speakers)")
+    if args.ctc_checkpoint is not None:
+        p = phone_error_rate(args.ctc_checkpoint, args.cache)
+        print(f"phone error rate ({args.ctc_checkpoint}, {p['phones']} phones): {100 * p['per']:.1f} % = "
+              f"{100 * p['substitutions']:.1f} S + {100 * p['deletions']:.1f} D + {100 * p['insertions']:.1f} I")
+        print(json.dumps(p))
     r = evaluate(args.cache, args.kmeans, args.onnx, tuple(args.temperatures))
     print(f"{r['utterances']} utterances, {r['speakers']} speakers, {r['frames']} frames of 20 ms, K={r['n_units']}")
     print(f"teacher agreement: top-1 {r['agreement_top1']:.3f}, top-5 {r['agreement_top5']:.3f} "
