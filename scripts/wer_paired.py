@@ -12,9 +12,8 @@ the WER difference with a paired bootstrap over utterances.
         --vocoder runs/vX/vocoder.onnx
     python scripts/wer_paired.py compare runs/wer_shipped.json runs/wer_cand.json
 
-The content encoder is the packaged one: to try another, run from a copy of ``src`` with that
-``content_encoder.onnx`` in ``rtanon/models/content/`` (``PYTHONPATH=that_copy``). 320 utterances take
-about 6 minutes on one core here.
+``--content FILE`` runs another content encoder than the packaged one (with a vocoder trained on its
+output). 320 utterances take about 6 minutes on one core here.
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ def run(args) -> int:
 
     data = KaldiDir.load(args.data)
     utts = sorted(u for u in data.wav if u in data.text)
-    anonymizer = None if args.original else Anonymizer(
-        AnonymizerConfig(method="neural", neural=NeuralConfig(vocoder_onnx=args.vocoder)))
+    neural = NeuralConfig(vocoder_onnx=args.vocoder, content_onnx=args.content)
+    anonymizer = None if args.original else Anonymizer(AnonymizerConfig(method="neural", neural=neural))
     asr = WhisperTranscriber()
     rows, t0 = [], time.perf_counter()
     picked = range(0, len(utts), args.stride)
@@ -97,6 +96,7 @@ def main(argv=None) -> int:
     r.add_argument("data", help="Kaldi-style directory with a text file (e.g. ../shared/data/so762_dev)")
     r.add_argument("out", help="per-utterance results (JSON)")
     r.add_argument("--vocoder", help="vocoder.onnx to use instead of the packaged one")
+    r.add_argument("--content", help="content_encoder.onnx to use instead of the packaged one")
     r.add_argument("--original", action="store_true", help="transcribe the original audio instead")
     r.add_argument("--stride", type=int, default=1, help="every N-th utterance only (default: all)")
     r.add_argument("--seed-base", type=int, default=1000, help="voice seed of utterance i: this + i (default 1000)")

@@ -251,3 +251,56 @@ def test_a_vocoder_trained_on_projections_gets_projections(tmp_path):
                       tmp_path / "bad.onnx")
     with pytest.raises(ConfigError, match="256"):
         NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(bad)))
+
+
+def test_the_vocoder_runs_only_with_the_content_encoder_it_was_trained_on(tmp_path):
+    """A vocoder whose config names a content encoder (sha256 of its graph) runs with that encoder, packaged
+    or given with ``--content``, and is refused with any other: another encoder's content would come out as
+    noise, not as speech."""
+    import hashlib
+
+    import onnx
+    import soundfile as sf
+    import torch
+
+    from rtanon.cli import main
+    from rtanon.content.stream import ContentEncoderModel, packaged_model_path
+    from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
+    from rtanon.stages.neural import NeuralVoiceModel
+
+    packaged = ContentEncoderModel().sha256
+    with packaged_model_path() as p:
+        assert packaged == hashlib.sha256(p.read_bytes()).hexdigest()
+        graph = onnx.load(str(p))
+    prop = graph.metadata_props.add()
+    prop.key, prop.value = "note", "a retrained encoder"
+    other = tmp_path / "other_content.onnx"
+    onnx.save(graph, str(other))
+    other_sha = hashlib.sha256(other.read_bytes()).hexdigest()
+    assert other_sha != packaged
+
+    def vocoder(content_sha256: str, name: str):
+        torch.manual_seed(0)
+        return export_onnx(CausalNsfHifiGan(VocoderConfig(units_dim=256, units_kind="z", source_type="envelope",
+                                                          prenet_dilations=(1,), initial_channels=64,
+                                                          content_sha256=content_sha256)), tmp_path / name)
+
+    for_packaged, for_other = vocoder(packaged, "a.onnx"), vocoder(other_sha, "b.onnx")
+    NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_packaged)))
+    NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_other), content_onnx=str(other)))
+    with pytest.raises(ConfigError, match="trained on the output of content encoder"):
+        NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_other)))
+    with pytest.raises(ConfigError, match="trained on the output of content encoder"):
+        NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_packaged), content_onnx=str(other)))
+    with pytest.raises(ConfigError, match="no such content encoder"):
+        NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_packaged), content_onnx=str(tmp_path / "none.onnx")))
+    with pytest.raises(ConfigError, match=".onnx"):
+        NeuralConfig(content_onnx="encoder.pt").validate()
+
+    x = (0.1 * np.sin(2 * np.pi * 150 * np.arange(8000) / 16000)).astype(np.float32)
+    sf.write(tmp_path / "in.wav", x, 16000)
+    run = ["file", str(tmp_path / "in.wav"), str(tmp_path / "out.wav"), "--method", "neural", "--seed", "1",
+           "--vocoder", str(for_other)]
+    assert main(run) == 2 and not (tmp_path / "out.wav").exists()
+    assert main([*run, "--content", str(other)]) == 0
+    assert sf.info(str(tmp_path / "out.wav")).frames == 8000

@@ -442,3 +442,43 @@ def test_converted_content_loss_renders_other_voices_and_needs_targets(shard_dir
     plain = train_vocoder(_config(2), data, tmp_path / "plain", device="cpu")
     a, b = (load_generator(tmp_path / r / "generator.pt").state_dict() for r in ("run", "plain"))
     assert any((a[k] - b[k]).abs().max() > 0 for k in a)
+
+
+def test_the_vocoder_records_the_content_encoder_of_its_shards(tmp_path, capsys):
+    """The shards' manifest names the content encoder that made them (sha256 of its graph); ``rtanon train
+    vocoder`` writes it into the exported graph's config, refuses a run directory trained on other content,
+    and refuses ``--content-onnx`` when the shards were made by another encoder."""
+    import hashlib
+
+    from rtanon.cli import main
+    from rtanon.stages.neural import read_onnx_config
+
+    encoder = tmp_path / "content.onnx"
+    encoder.write_bytes(b"stands in for a content encoder graph")
+    digest = hashlib.sha256(encoder.read_bytes()).hexdigest()
+    rng = np.random.default_rng(0)
+    shards = tmp_path / "shards"
+    w = ShardWriter(shards, units_dim=K, content_sha256=digest)
+    for i in range(3):
+        w.add(f"u{i}", i % 2, *_utterance(rng, 12, 150.0))
+    w.close(["s0", "s1"], rng.standard_normal((2, D)).astype(np.float32))
+    assert ShardDataset(shards).content_sha256 == digest
+
+    argv = ["train", "vocoder", "--data", str(shards), "--shards", str(shards), "--units", "probs",
+            "--batch-size", "1", "--segment-frames", "8", "--device", "cpu", "--steps", "1"]
+    assert main([*argv, "--out", str(tmp_path / "run"), "--content-onnx", str(encoder)]) == 0
+    assert read_onnx_config(tmp_path / "run" / "vocoder.onnx")["content_sha256"] == digest
+    assert load_generator(tmp_path / "run" / "generator.pt").config.content_sha256 == digest
+
+    other = tmp_path / "other.onnx"
+    other.write_bytes(b"another encoder")
+    assert main([*argv, "--out", str(tmp_path / "run2"), "--content-onnx", str(other)]) == 2
+    assert "was not made with --content-onnx" in capsys.readouterr().err
+    assert not (tmp_path / "run2" / "generator.pt").exists()
+
+    w = ShardWriter(tmp_path / "shards_b", units_dim=K, content_sha256="b" * 64)
+    w.add("u0", 0, *_utterance(rng, 12, 150.0))
+    w.close(["s0"], rng.standard_normal((1, D)).astype(np.float32))
+    resume = ["--shards", str(tmp_path / "shards_b"), "--out", str(tmp_path / "run")]
+    assert main([*argv[:4], *argv[6:], *resume]) == 2  # run/ was trained on the first encoder's output
+    assert "another content encoder" in capsys.readouterr().err

@@ -102,7 +102,8 @@ class NeuralConfig:
     Runtime. A session without a pinned identity draws a fresh pseudo-speaker with ``strategy``
     ("gmm", paper 003, or a paper 000 proximity: random/dense/sparse) and ``gender`` (random/f/m).
     ``pitch_method``: percentile (default), log_gaussian or minmax (paper 000 Eq. 4-7).
-    ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones.
+    ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones; ``content_onnx``: another
+    content encoder (the vocoder must have been trained on its output).
     ``cuda_graphs``: the torch backend's CUDA-graph replay on CUDA. ``match_loudness``: scale each 20 ms
     vocoder frame to the input frame's RMS (gain at most ``max_gain_db``, ramped across the frame), as
     RVC's volume-envelope mix does: quiet input stays quiet and the level follows the speaker's, whatever
@@ -116,6 +117,7 @@ class NeuralConfig:
     pitch_method: str = "percentile"
     vocoder_onnx: str | None = None
     vocoder_checkpoint: str | None = None
+    content_onnx: str | None = None
     match_loudness: bool = True
     max_gain_db: float = 12.0
     #: torch backend on CUDA: replay the streaming step as a captured CUDA graph (about 6x faster per step
@@ -146,6 +148,9 @@ class NeuralConfig:
         if self.vocoder_checkpoint and not str(self.vocoder_checkpoint).endswith(".pt"):
             raise ConfigError(f"vocoder {self.vocoder_checkpoint}: the torch backend loads a generator.pt "
                               "checkpoint; an ONNX graph needs --backend onnxruntime or tensorrt")
+        if self.content_onnx and not str(self.content_onnx).endswith(".onnx"):
+            raise ConfigError(f"content encoder {self.content_onnx}: give the ONNX graph that `python -m "
+                              "rtanon.content.export` writes (a .onnx file)")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocoder", metavar="FILE", default=None,
                    help="neural method: other vocoder weights than the shipped ones, as `rtanon train vocoder` "
                         "writes them: OUT/vocoder.onnx (onnxruntime, tensorrt) or OUT/generator.pt (torch)")
+    p.add_argument("--content", metavar="FILE", default=None,
+                   help="neural method: another content encoder than the shipped one (the .onnx that `python -m "
+                        "rtanon.content.export` writes); the vocoder must have been trained on its output "
+                        "(`rtanon train vocoder --content-onnx FILE`)")
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
@@ -59,7 +63,8 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
     if vocoder:
         weights = {"vocoder_checkpoint": vocoder} if backend == "torch" else {"vocoder_onnx": vocoder}
     neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "neural_device", NeuralConfig.device),
-                     cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs), **weights)
+                     cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs),
+                     content_onnx=getattr(args, "content", None), **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
                    neural=neural)
 

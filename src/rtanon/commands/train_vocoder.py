@@ -28,6 +28,9 @@ def register(sub) -> None:
                    help="run directory: shards/, generator.pt, trainer.pt, train.log, vocoder.onnx")
     p.add_argument("--shards", type=Path, metavar="DIR", help="use these feature shards (default: OUT/shards, "
                                                               "built when missing)")
+    p.add_argument("--content-onnx", type=Path, metavar="FILE",
+                   help="content encoder whose output the shards hold (default: the packaged one); the neural "
+                        "method then needs the same graph: rtanon ... --method neural --content FILE")
     p.add_argument("--init", type=Path, metavar="CKPT",
                    help="start from these generator weights (e.g. the shipped generator.pt) when OUT has none")
     p.add_argument("--steps", type=int, default=d.steps, help=f"total steps of the run (default {d.steps})")
@@ -87,6 +90,12 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def scaled_discriminators(width: float):
     """HiFi-GAN's MPD/MSD with every channel count scaled by ``width``, rounded to a multiple of 16 (the
     MSD's grouped convolutions have up to 16 groups)."""
@@ -118,11 +127,14 @@ def run(args) -> int:
     shards = args.shards or args.out / "shards"
     if not (shards / "manifest.json").exists():
         try:
-            extractors = default_extractors(units_kind=args.units)
+            extractors = default_extractors(units_kind=args.units, content_onnx=args.content_onnx)
             build_shards(list(args.data), shards, extractors, units_dim=extractors.units_dim, units_kind=args.units)
         except ValueError as exc:
             raise CliError(str(exc)) from None
     data = ShardDataset(shards, units_temperature=args.units_temperature)
+    if args.content_onnx is not None and data.content_sha256 != _sha256(args.content_onnx):
+        raise CliError(f"{shards} was not made with --content-onnx {args.content_onnx}: pass another --shards/--out "
+                       "for new shards from that encoder")
     if data.units_kind != args.units:
         raise CliError(f"{shards} holds content {data.units_kind!r}, not {args.units!r}: pass --units "
                        f"{data.units_kind}, or another --shards/--out for new shards")
@@ -138,15 +150,20 @@ def run(args) -> int:
     arch = {"prenet_dilations": dilations, "source_type": args.source,
             "aux_mel_bins": 80 if dilations and not envelope else 0}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
-                            units_temperature=data.units_temperature, units_kind=data.units_kind, **arch)
+                            units_temperature=data.units_temperature, units_kind=data.units_kind,
+                            content_sha256=data.content_sha256, **arch)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
         vocoder = load_generator(args.out / "generator.pt").config
+        if vocoder.content_sha256 != data.content_sha256:
+            raise CliError(f"{args.out / 'generator.pt'} was trained on another content encoder's output than "
+                           f"{shards} holds: use a new --out")
     elif args.init:
         init_config = load_generator(args.init).config
         if init_config.source_type != args.source:
             raise CliError(f"--init {args.init} has the {init_config.source_type!r} source; pass --source "
                            f"{init_config.source_type} to continue it, or leave --init out to train a new model")
-        vocoder = replace(init_config, **arch)
+        # the content it will be trained on from now is the shards', whatever --init was trained on
+        vocoder = replace(init_config, content_sha256=data.content_sha256, **arch)
         if vocoder.units_temperature != data.units_temperature:
             raise CliError(f"--init {args.init} was trained on units at temperature {vocoder.units_temperature}; "
                            f"pass --units-temperature {vocoder.units_temperature}")

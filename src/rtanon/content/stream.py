@@ -21,6 +21,7 @@ with ``L`` frames of silence to give every frame.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,9 +105,12 @@ class ContentEncoderModel:
         opts.inter_op_num_threads = 1
         if onnx_path is None:
             with packaged_model_path() as p:
-                self.session = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+                graph = p.read_bytes()
         else:
-            self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+            graph = Path(onnx_path).read_bytes()
+        #: sha256 of the graph file: names the encoder a vocoder was trained on (``VocoderConfig.content_sha256``)
+        self.sha256 = hashlib.sha256(graph).hexdigest()
+        self.session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
         inputs = self.session.get_inputs()
         if inputs[0].name != "audio":
             raise ValueError(f"{onnx_path}: not a content-encoder graph (first input {inputs[0].name!r})")

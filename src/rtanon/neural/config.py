@@ -31,6 +31,9 @@ class VocoderConfig:
     #: What the content encoder feeds: "probs" = soft units (K = n_units, at ``units_temperature``), "z" = its
     #: unit-space projections (D = unit_dim), L2-normalised inside the graph (scaled by 4).
     units_kind: str = "probs"
+    #: sha256 of the content encoder graph whose output the vocoder was trained on ("" = not recorded); the
+    #: neural method refuses to pair the vocoder with another encoder, whose output it would render as noise
+    content_sha256: str = ""
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8

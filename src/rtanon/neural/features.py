@@ -52,17 +52,20 @@ class Extractors:
     speaker_by_id: Callable[[str], np.ndarray | None] | None = None
     #: width of what ``units`` returns, when the extractor knows it (``default_extractors`` does)
     units_dim: int | None = None
+    #: sha256 of the content encoder's graph (recorded in the shards' manifest, then in the vocoder's config)
+    content_sha256: str = ""
 
 
-def default_extractors(f0_kernel: str = "auto", units_kind: str = "probs") -> Extractors:
-    """rtanon's content encoder, F0 tracker and speaker embeddings (pool first, resemblyzer otherwise).
-    ``units_kind``: the content encoder's soft units ("probs", at its trained temperature) or its
-    unit-space projections ("z")."""
+def default_extractors(f0_kernel: str = "auto", units_kind: str = "probs",
+                       content_onnx: str | Path | None = None) -> Extractors:
+    """rtanon's content encoder (the packaged one, or the graph ``content_onnx``), F0 tracker and speaker
+    embeddings (pool first, resemblyzer otherwise). ``units_kind``: the content encoder's soft units
+    ("probs", at its trained temperature) or its unit-space projections ("z")."""
     from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig
     from rtanon.f0.tracker import track
     from rtanon.identity.pool import SpeakerPool, _unit
 
-    content = ContentEncoderModel(config=ContentStreamConfig(output=units_kind))
+    content = ContentEncoderModel(content_onnx, ContentStreamConfig(output=units_kind))
     pool = SpeakerPool.load_default()
     row = {str(s): i for i, s in enumerate(pool.speaker_ids)}
     encoder = None
@@ -79,7 +82,8 @@ def default_extractors(f0_kernel: str = "auto", units_kind: str = "probs") -> Ex
         return pool.embeddings[row[spk]] if spk in row else None
 
     return Extractors(units=content.encode, f0_hz=lambda a: track(a, kernel=f0_kernel),
-                      speaker_embedding=speaker_embedding, speaker_by_id=by_id, units_dim=content.output_dim)
+                      speaker_embedding=speaker_embedding, speaker_by_id=by_id, units_dim=content.output_dim,
+                      content_sha256=content.sha256)
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,8 @@ def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: E
         if not allow_eval_dirs and ("dev" in name or "test" in name):
             raise ValueError(f"{d.root} looks like evaluation data; never train on it (so762_dev is for "
                              "evaluation only). Pass allow_eval_dirs=True only for a deliberate exception.")
-    writer = ShardWriter(out_dir, units_dim, max_shard_mib, units_kind=units_kind)
+    writer = ShardWriter(out_dir, units_dim, max_shard_mib, units_kind=units_kind,
+                         content_sha256=extractors.content_sha256)
     speaker_ids: list[str] = []
     embeddings: list[np.ndarray] = []
     jobs = []

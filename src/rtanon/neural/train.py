@@ -3,7 +3,7 @@
 Shard directory layout (written by :class:`ShardWriter`, read by :class:`ShardDataset`)::
 
     shards/
-      manifest.json      format, units_dim, rates, speaker ids, one entry per shard
+      manifest.json      format, units_dim, the content encoder's sha256, rates, speaker ids, one entry per shard
                          (file, utterances, frames, bytes, sha256)
       speakers.npz       embeddings float32 (n_speakers, 256): one per *training* speaker
       shard_00000.npz    one shard: many utterances concatenated
@@ -81,9 +81,10 @@ class ShardWriter:
     """
 
     def __init__(self, out_dir: str | Path, units_dim: int, max_shard_mib: float = 16.0,
-                 units_kind: str = "probs") -> None:
+                 units_kind: str = "probs", content_sha256: str = "") -> None:
         self.out_dir = Path(out_dir)
         self.units_kind = units_kind
+        self.content_sha256 = content_sha256
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.units_dim = units_dim
         self.max_bytes = int(max_shard_mib * 2**20)
@@ -140,6 +141,7 @@ class ShardWriter:
             raise ValueError(f"speaker_embeddings must be ({len(speaker_ids)}, S), got {emb.shape}")
         np.savez(self.out_dir / "speakers.npz", embeddings=emb, ids=np.asarray(speaker_ids))
         manifest = {"format": SHARD_FORMAT, "units_dim": self.units_dim, "units_kind": self.units_kind,
+                    "content_sha256": self.content_sha256,
                     "speaker_dim": int(emb.shape[1]),
                     "sample_rate_hz": SAMPLE_RATE_HZ, "frame_rate_hz": FRAME_RATE_HZ, "f0_rate_hz": F0_RATE_HZ,
                     "speakers": list(speaker_ids), "shards": self._entries}
@@ -171,6 +173,8 @@ class ShardDataset:
         self.manifest = manifest
         self.units_dim = int(manifest["units_dim"])
         self.units_kind = str(manifest.get("units_kind", "probs"))
+        #: the content encoder that made the units ("" in shards from before it was recorded)
+        self.content_sha256 = str(manifest.get("content_sha256", ""))
         if self.units_kind != "probs":
             units_temperature = None  # projections are not a distribution: nothing to sharpen
         spk = np.load(shard_dir / "speakers.npz")

@@ -126,7 +126,15 @@ class NeuralVoiceModel:
                     self._build_onnx(p)
         temperature = float(self.vocoder_config.get("units_temperature", 0.1))
         kind = str(self.vocoder_config.get("units_kind", "probs"))
-        self.content = ContentEncoderModel(config=ContentStreamConfig(temperature=temperature, output=kind))
+        if cfg.content_onnx and not Path(cfg.content_onnx).exists():
+            raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
+        self.content = ContentEncoderModel(cfg.content_onnx,
+                                           ContentStreamConfig(temperature=temperature, output=kind))
+        trained_on = str(self.vocoder_config.get("content_sha256", ""))
+        if trained_on and trained_on != self.content.sha256:
+            raise ConfigError(f"the vocoder was trained on the output of content encoder {trained_on[:12]}, not of "
+                              f"{cfg.content_onnx or 'the packaged one'} ({self.content.sha256[:12]}): pass the "
+                              "encoder it was trained on with --content, or a vocoder trained on this one")
         given = self.content.output_dim
         if given != int(self.vocoder_config.get("units_dim", given)):
             raise ConfigError(f"the vocoder expects {self.vocoder_config['units_dim']}-dim content {kind}, the "
