@@ -109,7 +109,7 @@ def _f0_stage(config: AnonymizerConfig):
 def _content_stage(config: AnonymizerConfig):
     from rtanon.content.stream import ContentEncoderModel
 
-    return ContentEncoderModel().open_stream(config.stream.chunk_samples)
+    return ContentEncoderModel(config.neural.content_onnx).open_stream(config.stream.chunk_samples)
 
 
 #: Stages that ``rtanon bench --stage NAME`` can time alone: name -> factory(config).
