@@ -264,11 +264,12 @@ def test_the_vocoder_runs_only_with_the_content_encoder_it_was_trained_on(tmp_pa
     import torch
 
     from rtanon.cli import main
-    from rtanon.content.stream import ContentEncoderModel, packaged_model_path
+    from rtanon.content.stream import ContentEncoderModel, packaged_model_path, packaged_sha256
     from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
     from rtanon.stages.neural import NeuralVoiceModel
 
     packaged = ContentEncoderModel().sha256
+    assert packaged == packaged_sha256()
     with packaged_model_path() as p:
         assert packaged == hashlib.sha256(p.read_bytes()).hexdigest()
         graph = onnx.load(str(p))
@@ -292,6 +293,8 @@ def test_the_vocoder_runs_only_with_the_content_encoder_it_was_trained_on(tmp_pa
         NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_other)))
     with pytest.raises(ConfigError, match="trained on the output of content encoder"):
         NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_packaged), content_onnx=str(other)))
+    with pytest.raises(ConfigError, match="trained on the output of content encoder"):
+        NeuralVoiceModel(NeuralConfig(content_onnx=str(other)))  # the shipped vocoder records none: packaged
     with pytest.raises(ConfigError, match="no such content encoder"):
         NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_packaged), content_onnx=str(tmp_path / "none.onnx")))
     with pytest.raises(ConfigError, match=".onnx"):

@@ -95,7 +95,7 @@ class NeuralVoiceModel:
     """Shared, read-only models of the neural method (thread-safe to share between sessions)."""
 
     def __init__(self, config: NeuralConfig | None = None) -> None:
-        from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig
+        from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig, packaged_sha256
         from rtanon.identity.speaker import IdentityModel
         from rtanon.neural.backends import make_backend
 
@@ -131,6 +131,9 @@ class NeuralVoiceModel:
         self.content = ContentEncoderModel(cfg.content_onnx,
                                            ContentStreamConfig(temperature=temperature, output=kind))
         trained_on = str(self.vocoder_config.get("content_sha256", ""))
+        if not trained_on and cfg.content_onnx:
+            # vocoders from before the record (the shipped one among them) were trained on the packaged encoder
+            trained_on = packaged_sha256()
         if trained_on and trained_on != self.content.sha256:
             raise ConfigError(f"the vocoder was trained on the output of content encoder {trained_on[:12]}, not of "
                               f"{cfg.content_onnx or 'the packaged one'} ({self.content.sha256[:12]}): pass the "
