@@ -90,12 +90,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def scaled_discriminators(width: float):
     """HiFi-GAN's MPD/MSD with every channel count scaled by ``width``, rounded to a multiple of 16 (the
     MSD's grouped convolutions have up to 16 groups)."""
@@ -116,6 +110,7 @@ def run(args) -> int:
     import torch
 
     from rtanon.errors import CliError
+    from rtanon.neural.backends import file_sha256
     from rtanon.neural.features import build_shards, default_extractors
     from rtanon.neural.train import (BlendWithOtherSpeaker, PseudoSpeakerTargets, ShardDataset, TrainConfig,
                                      load_generator, train_vocoder, warm_start)
@@ -132,7 +127,7 @@ def run(args) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
     data = ShardDataset(shards, units_temperature=args.units_temperature)
-    if args.content_onnx is not None and data.content_sha256 != _sha256(args.content_onnx):
+    if args.content_onnx is not None and data.content_sha256 != file_sha256(args.content_onnx):
         raise CliError(f"{shards} was not made with --content-onnx {args.content_onnx}: pass another --shards/--out "
                        "for new shards from that encoder")
     if data.units_kind != args.units:

@@ -47,12 +47,6 @@ def packaged_model_path() -> Iterator[Path]:
         yield p
 
 
-def packaged_sha256() -> str:
-    """sha256 of the shipped encoder's graph file (``ContentEncoderModel().sha256``, without a session)."""
-    with packaged_model_path() as p:
-        return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
 def _ort():
     try:
         import onnxruntime

@@ -95,9 +95,9 @@ class NeuralVoiceModel:
     """Shared, read-only models of the neural method (thread-safe to share between sessions)."""
 
     def __init__(self, config: NeuralConfig | None = None) -> None:
-        from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig, packaged_sha256
+        from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig, packaged_model_path
         from rtanon.identity.speaker import IdentityModel
-        from rtanon.neural.backends import make_backend
+        from rtanon.neural.backends import file_sha256, make_backend
 
         self.config = config or NeuralConfig()
         self.config.validate()
@@ -133,7 +133,8 @@ class NeuralVoiceModel:
         trained_on = str(self.vocoder_config.get("content_sha256", ""))
         if not trained_on and cfg.content_onnx:
             # vocoders from before the record (the shipped one among them) were trained on the packaged encoder
-            trained_on = packaged_sha256()
+            with packaged_model_path() as p:
+                trained_on = file_sha256(p)
         if trained_on and trained_on != self.content.sha256:
             raise ConfigError(f"the vocoder was trained on the output of content encoder {trained_on[:12]}, not of "
                               f"{cfg.content_onnx or 'the packaged one'} ({self.content.sha256[:12]}): pass the "
