@@ -235,8 +235,9 @@ def bench_streams(anonymizer: Anonymizer, max_streams: int = 64, calls: int = 20
     if anonymizer.config.method != "neural":
         raise ValueError("--streams measures the neural method's vocoder; use --method neural")
     backend = anonymizer.method.model.backend
-    k = int(anonymizer.method.model.vocoder_config.get("units_dim", 128))
-    s_dim = int(anonymizer.method.model.vocoder_config.get("speaker_dim", 256))
+    vcfg = anonymizer.method.model.vocoder_config
+    k = int(vcfg.get("units_dim", 128)) + int(vcfg.get("input_mel_bins", 0))
+    s_dim = int(vcfg.get("speaker_dim", 256))
     frame_ms = 1000.0 * HOP_SAMPLES / SAMPLE_RATE_HZ
     rng = np.random.default_rng(0)
 

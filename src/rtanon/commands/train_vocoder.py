@@ -60,6 +60,13 @@ def register(sub) -> None:
     p.add_argument("--prenet-dilations", default=None, metavar="D,D,...",
                    help="dilations of the residual causal convolutions of the 50 Hz pre-net (default 1,2,4,8,1,1 "
                         "for the envelope source, 1,2,4,1 for nsf; 'none' for the nsf model without one)")
+    p.add_argument("--input-mel", type=int, default=0, metavar="BANDS",
+                   help="also condition on the input's own spectral shape: its log-mel in BANDS bands per 20 ms "
+                        "frame (e.g. 40), of which the vocoder keeps --input-cepstra DCT coefficients; training "
+                        "reads it through a random vocal-tract-length warp and tilt so the voice still comes from "
+                        "the speaker embedding (rtanon.neural.input_mel; default 0 = content from the encoder alone)")
+    p.add_argument("--input-cepstra", type=int, default=16, metavar="C",
+                   help="cepstral coefficients 1..C of the input log-mel the vocoder keeps (default 16)")
     p.add_argument("--residual-start-step", type=int, default=d.residual_start_step,
                    help="envelope source: train the synthesised speech alone (the upsampling stack not run, about "
                         "half the cost of a step) until this step, then with the stack's residual "
@@ -143,7 +150,8 @@ def run(args) -> int:
     if envelope and not dilations:
         raise CliError("--source envelope predicts its envelopes with the pre-net: give --prenet-dilations")
     arch = {"prenet_dilations": dilations, "source_type": args.source,
-            "aux_mel_bins": 80 if dilations and not envelope else 0}
+            "aux_mel_bins": 80 if dilations and not envelope else 0,
+            "input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
                             units_temperature=data.units_temperature, units_kind=data.units_kind,
                             content_sha256=data.content_sha256, **arch)

@@ -65,7 +65,7 @@ def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads
             model = CausalNsfHifiGan(cfg)
             path = export_onnx(model, Path(tmp) / f"vocoder{i}.onnx")
             backend = make_backend("onnxruntime", onnx_path=path, threads=threads)
-            units = rng.dirichlet(np.ones(cfg.units_dim) * 0.1, size=(1, frames)).astype(np.float32)
+            units = rng.dirichlet(np.ones(cfg.input_width) * 0.1, size=(1, frames)).astype(np.float32)
             spk = rng.standard_normal((1, cfg.speaker_dim)).astype(np.float32)
             items.append({"config": kw, "parameters": model.folded().num_parameters(),
                           "onnx_mb": path.stat().st_size / 2**20, "backend": backend, "units": units, "spk": spk,

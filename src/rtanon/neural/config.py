@@ -34,6 +34,11 @@ class VocoderConfig:
     #: sha256 of the content encoder graph whose output the vocoder was trained on ("" = not recorded); the
     #: neural method refuses to pair the vocoder with another encoder, whose output it would render as noise
     content_sha256: str = ""
+    #: The input's own log-mel spectrum as a second content input (:mod:`rtanon.neural.input_mel`): the last
+    #: ``input_mel_bins`` channels of ``units`` are its frame's log-mel (0 = none: content from ``z`` alone),
+    #: of which the graph keeps DCT coefficients 1..``input_cepstra``.
+    input_mel_bins: int = 0
+    input_cepstra: int = 16
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8
@@ -66,6 +71,11 @@ class VocoderConfig:
     log_f0_std: float = 0.5
     weight_norm: bool = True
 
+    @property
+    def input_width(self) -> int:
+        """Channels of the ``units`` input: the content plus the input's log-mel, when used."""
+        return self.units_dim + self.input_mel_bins
+
     def stage_channels(self) -> list[int]:
         return [max(self.initial_channels >> (i + 1), self.min_channels) for i in range(len(self.upsample_rates))]
 
@@ -94,6 +104,10 @@ class VocoderConfig:
                               "dilations must be >= 1 and aux_mel_bins 0 (none) to 256")
         if self.aux_mel_bins and not self.prenet_dilations:
             raise ConfigError("aux_mel_bins needs a pre-net: set prenet_dilations too (e.g. (1, 2, 4, 1))")
+        if self.input_mel_bins and not (8 <= self.input_mel_bins <= 128
+                                        and 1 <= self.input_cepstra < self.input_mel_bins):
+            raise ConfigError(f"input_mel_bins={self.input_mel_bins}, input_cepstra={self.input_cepstra}; use 0 "
+                              "(no input spectrum) or 8-128 bands, with 1 <= cepstra < bands")
         if self.units_kind not in ("probs", "z"):
             raise ConfigError(f"units_kind={self.units_kind!r}; use 'probs' (soft units) or 'z' (the content "
                               "encoder's unit-space projections)")

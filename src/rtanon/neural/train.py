@@ -453,7 +453,9 @@ def warm_start(path: str | Path, vocoder_config) -> dict:
     """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may lack the
     pre-net and its mel head (a checkpoint from before them): the missing residual pre-net convolutions start
     at zero (weight-norm gain 0), so the new model computes what the old one did; training then grows them.
-    Pre-net convolutions the checkpoint has keep their weights. Every other weight must match in shape."""
+    Pre-net convolutions the checkpoint has keep their weights. An input log-mel convolution
+    (``input_mel_bins``) the checkpoint lacks starts at zero the same way. Every other weight must match
+    in shape."""
     import torch
 
     from rtanon.neural.vocoder import CausalNsfHifiGan
@@ -464,13 +466,17 @@ def warm_start(path: str | Path, vocoder_config) -> dict:
         missing, unexpected = model.load_state_dict(old.state_dict(), strict=False)
     except RuntimeError as exc:  # a shape mismatch
         raise ConfigError(f"{path} does not fit the vocoder config: {str(exc).splitlines()[-1].strip()}") from None
-    new_parts = ("prenet.", "mel_head.")
+    new_parts = ("prenet.", "mel_head.", "mel_in.")
     if unexpected or any(not k.startswith(new_parts) for k in missing):
         raise ConfigError(f"{path} does not fit the vocoder config: missing {missing[:4]}, unexpected "
-                          f"{unexpected[:4]}; only the pre-net and its mel head may be new")
+                          f"{unexpected[:4]}; only the pre-net, its mel head and the input log-mel convolution "
+                          "may be new")
+    new_convs = [(f"prenet.{i}.", conv) for i, conv in enumerate(model.prenet)]
+    if model.mel_in is not None:
+        new_convs.append(("mel_in.", model.mel_in))
     with torch.no_grad():
-        for i, conv in enumerate(model.prenet):
-            if not any(k.startswith(f"prenet.{i}.") for k in missing):
+        for prefix, conv in new_convs:
+            if not any(k.startswith(prefix) for k in missing):
                 continue  # trained in the old checkpoint: kept
             inner = conv.conv
             if torch.nn.utils.parametrize.is_parametrized(inner, "weight"):
@@ -586,13 +592,22 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         disc.train()
         while step < end:
             rng = np.random.default_rng([config.seed, step])
-            b = data.batch(rng, config.batch_size, config.segment_frames)
+            input_mel = config.vocoder.input_mel_bins
+            # one frame more than trained on: the input log-mel of the last frame reads 96 samples past it
+            b = data.batch(rng, config.batch_size, config.segment_frames + (1 if input_mel else 0))
+            if config.units_noise > 0:
+                b["units"] = noisy_units(b["units"], config.units_noise, rng)
+            if input_mel:
+                from rtanon.neural.input_mel import perturbed_log_mel
+
+                s = config.segment_frames
+                mel_frames = perturbed_log_mel(b["audio"], input_mel, s, rng)
+                b = {"units": np.concatenate([b["units"][:, :s], mel_frames], axis=2), "f0_hz": b["f0_hz"][:, :2 * s],
+                     "audio": b["audio"][:, :HOP_SAMPLES * s], "speaker": b["speaker"]}
             emb = data.embeddings[b["speaker"]]
             if speaker_augment is not None:
                 emb = speaker_augment(emb, b["speaker"], data.embeddings, rng)
             noise = rng.standard_normal(b["audio"].shape, dtype=np.float32)
-            if config.units_noise > 0:
-                b["units"] = noisy_units(b["units"], config.units_noise, rng)
             units, f0, spk, noise_t, real = (torch.from_numpy(np.ascontiguousarray(a)).to(device)
                                              for a in (b["units"], b["f0_hz"], emb, noise, b["audio"]))
             real = real[:, None, ctx:]

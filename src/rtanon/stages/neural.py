@@ -29,8 +29,13 @@ largest wait these imply (:func:`stage_delay_samples`): 20 ms for 20 and
 40 ms chunks, 30 ms for 10 and 30 ms chunks, so the engine's algorithmic
 latency is 40 ms with 20 ms chunks.
 
-The audio is the vocoder's, made from units, pitch and the pseudo-speaker:
-no input sample reaches the output. What the user sounds like is never
+Vocoders trained with ``input_mel_bins`` also get each frame's log-mel
+spectrum of the input (:mod:`rtanon.neural.input_mel`), computed here by an
+:class:`InputMelStream`; its window ends 96 samples after the frame, within
+the content encoder's lookahead, so it adds no latency.
+
+The audio is the vocoder's, made from units, pitch, the pseudo-speaker (and
+that spectral shape): no input sample reaches the output. What the user sounds like is never
 stored: the session keeps only the pseudo-speaker.
 """
 
@@ -47,6 +52,7 @@ from typing import Iterator
 import numpy as np
 
 from rtanon.config import ConfigError, NeuralConfig
+from rtanon.neural.input_mel import InputMelStream
 from rtanon.stages.base import check_chunk
 
 FRAME_SAMPLES = 320
@@ -183,6 +189,8 @@ class NeuralVoiceStage:
         self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
+        mel_bins = int(model.vocoder_config.get("input_mel_bins", 0))
+        self.input_mel = InputMelStream(mel_bins) if mel_bins else None
         self._delay = stage_delay_samples(hop, self.f0.latency_frames, model.content.lookahead_frames)
         self._match = model.config.match_loudness
         self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))
@@ -205,6 +213,9 @@ class NeuralVoiceStage:
         self.pitch.reset()
         self.vocoder.reset()
         self._units = np.zeros((0, self.content.model.output_dim), np.float32)
+        if self.input_mel is not None:
+            self.input_mel.reset()
+            self._mel = np.zeros((0, self.input_mel.bins), np.float32)
         self._f0 = np.zeros(0, np.float32)
         self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
         self._out = np.zeros(self._delay, np.float32)
@@ -234,6 +245,8 @@ class NeuralVoiceStage:
             self._in_rms = np.concatenate([self._in_rms, rms.astype(np.float32)])
             self._in_pending = buf[k * FRAME_SAMPLES:]
         units = self.content.process(chunk)
+        if self.input_mel is not None:
+            self._mel = np.concatenate([self._mel, self.input_mel.process(chunk)])
         t1 = time.perf_counter_ns()
         f0 = self.f0.process(chunk)
         if self._f0_skip:
@@ -247,7 +260,11 @@ class NeuralVoiceStage:
         t2 = time.perf_counter_ns()
         n = min(self._units.shape[0], self._f0.shape[0] // 2)
         if n:
-            audio = self.vocoder.process(self._units[:n], self._f0[:2 * n])
+            units = self._units[:n]
+            if self.input_mel is not None:  # its frames need 96 samples of lookahead, the units 320: never fewer
+                units = np.concatenate([units, self._mel[:n]], axis=1)
+                self._mel = self._mel[n:]
+            audio = self.vocoder.process(units, self._f0[:2 * n])
             self._units, self._f0 = self._units[n:], self._f0[2 * n:]
             if self._match:
                 audio = self._scale(audio, n)
