@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rtanon.neural.input_mel import (LOOKAHEAD, InputMelStream, frame_power, log_mel_frames, perturbed_log_mel,
-                                     warped_log_mel)
+from rtanon.neural.input_mel import (LOOKAHEAD, MAX_TILT, MAX_WARP, InputMelStream, frame_power, log_mel_frames,
+                                     perturbed_log_mel, voice_warp, warped_log_mel)
 
 BINS = 40
 
@@ -26,6 +26,23 @@ def test_streaming_log_mel_equals_offline_for_any_chunking(speech, hop):
     np.testing.assert_allclose(got, offline[:len(got)], atol=1e-4, rtol=0)
     stream.reset()
     np.testing.assert_allclose(stream.process(x[:3200]), offline[:9], atol=1e-4, rtol=0)
+
+
+def test_a_session_reads_its_input_through_its_voice_s_warp(speech):
+    """The stream's warp and tilt equal the offline warped log-mel; each pseudo-voice draws its own, in
+    the training range, and the same voice always the same."""
+    x = speech[:8000]
+    rng = np.random.default_rng(0)
+    voices = rng.standard_normal((20, 256)).astype(np.float32)
+    draws = [voice_warp(v) for v in voices]
+    assert draws[0] == voice_warp(voices[0].copy()) and len(set(draws)) == 20
+    assert all(1 / MAX_WARP <= w <= MAX_WARP and abs(t) <= MAX_TILT for w, t in draws)
+    warp, tilt = draws[0]
+    stream = InputMelStream(BINS, warp, tilt)
+    got = np.concatenate([stream.process(x[i:i + 320]) for i in range(0, len(x), 320)])
+    want = warped_log_mel(frame_power(x, len(got)), BINS, warp, tilt)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert np.abs(got - log_mel_frames(x, BINS)[:len(got)]).max() > 0.1
 
 
 def test_frame_t_reads_96_samples_past_its_end_and_no_further(speech):
@@ -179,9 +196,14 @@ def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, sp
     from rtanon.neural.vocoder import export_onnx
     from rtanon.stages.neural import NeuralVoiceModel
 
-    model = NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(export_onnx(_model(), tmp_path / "v.onnx")),
-                                          match_loudness=False))
+    path = str(export_onnx(_model(), tmp_path / "v.onnx"))
+    model = NeuralVoiceModel(NeuralConfig(vocoder_onnx=path, match_loudness=False))
     identity = model.new_identity(np.random.default_rng(0))
+    stage = model.open_stream(320, identity, np.random.default_rng(7))
+    assert (stage.input_mel.warp, stage.input_mel.tilt) == voice_warp(identity.embedding)
+    plain = NeuralVoiceModel(NeuralConfig(vocoder_onnx=path, input_warp=False)).open_stream(
+        320, identity, np.random.default_rng(7))
+    assert (plain.input_mel.warp, plain.input_mel.tilt) == (1.0, 0.0)
     x = speech[:16000]
     outs = {}
     for hop in (160, 320, 640):

@@ -123,6 +123,10 @@ class NeuralConfig:
     #: torch backend on CUDA: replay the streaming step as a captured CUDA graph (about 6x faster per step
     #: at batch 1 on an H100; off only to measure that)
     cuda_graphs: bool = True
+    #: vocoders with the input's log-mel as a second input (``input_mel_bins``): read it through a
+    #: vocal-tract-length warp and tilt drawn from the pseudo-speaker (as training draws them per segment),
+    #: so where the user's formants sit does not pass as it is; off only to measure what that hides
+    input_warp: bool = True
 
     def validate(self) -> None:
         if not 0.0 <= self.max_gain_db <= 40.0:

@@ -19,6 +19,9 @@ nothing here is imported by the engine or the CPU live path yet):
 - :mod:`rtanon.neural.features`: ``build_shards`` from Kaldi-style
   directories with pluggable extractors (content units, F0, speaker
   embedding) and speed perturbation.
+- :mod:`rtanon.neural.input_mel`: the input's log-mel per 20 ms frame, the
+  vocoder's optional second content input (``VocoderConfig.input_mel_bins``),
+  streaming and offline, and its training-time perturbation (numpy only).
 - :mod:`rtanon.neural.rates`: the 50 Hz / 100 Hz / 16 kHz constants (no torch).
 - :mod:`rtanon.neural.bench_vocoder`: ONNX Runtime CPU timing of the
   streaming step (``python -m rtanon.neural.bench_vocoder``).

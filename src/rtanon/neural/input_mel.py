@@ -93,13 +93,26 @@ def cepstral_matrix(bins: int, cepstra: int) -> np.ndarray:
     return (np.sqrt(2.0 / bins) * np.cos(np.pi * k * (m + 0.5) / bins)).astype(np.float32)
 
 
+def voice_warp(embedding: np.ndarray) -> tuple[float, float]:
+    """The warp and tilt a session reads its input through, drawn as training draws them but seeded by the
+    pseudo-speaker's embedding: one voice always gets the same (a pinned identity sounds the same in every
+    session), a fresh voice a fresh one."""
+    import hashlib
+
+    seed = int.from_bytes(hashlib.sha256(np.asarray(embedding, np.float32).tobytes()).digest()[:8], "little")
+    rng = np.random.default_rng(seed)
+    return float(np.exp(rng.uniform(-np.log(MAX_WARP), np.log(MAX_WARP)))), float(rng.uniform(-MAX_TILT, MAX_TILT))
+
+
 class InputMelStream:
     """One session's log-mel frames, streaming: ``process(chunk)`` returns the frames ``(n, bins)`` whose
-    window the input now covers, the same as :func:`log_mel_frames` over the whole stream."""
+    window the input now covers, the same as :func:`log_mel_frames` over the whole stream (with ``warp``
+    and ``tilt``: as :func:`warped_log_mel`)."""
 
-    def __init__(self, bins: int) -> None:
-        self.bins = bins
-        self.basis = mel_basis(bins)
+    def __init__(self, bins: int, warp: float = 1.0, tilt: float = 0.0) -> None:
+        self.bins, self.warp, self.tilt = bins, warp, tilt
+        self.basis = mel_basis(bins, warp)
+        self._tilt = np.float32(tilt) * np.linspace(-0.5, 0.5, bins, dtype=np.float32)
         self.reset()
 
     def reset(self) -> None:
@@ -110,6 +123,6 @@ class InputMelStream:
         n = (self._buf.shape[0] - WINDOW) // HOP_SAMPLES + 1 if self._buf.shape[0] >= WINDOW else 0
         if n == 0:
             return np.zeros((0, self.bins), np.float32)
-        out = log_mel(frame_power(self._buf, n, lead=0), self.basis)
+        out = log_mel(frame_power(self._buf, n, lead=0), self.basis) + self._tilt
         self._buf = self._buf[HOP_SAMPLES * n:]
         return out

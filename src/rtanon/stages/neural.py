@@ -32,7 +32,9 @@ latency is 40 ms with 20 ms chunks.
 Vocoders trained with ``input_mel_bins`` also get each frame's log-mel
 spectrum of the input (:mod:`rtanon.neural.input_mel`), computed here by an
 :class:`InputMelStream`; its window ends 96 samples after the frame, within
-the content encoder's lookahead, so it adds no latency.
+the content encoder's lookahead, so it adds no latency. It is read through a
+vocal-tract-length warp and a spectral tilt drawn from the pseudo-speaker
+(``NeuralConfig.input_warp``), as training perturbs it.
 
 The audio is the vocoder's, made from units, pitch, the pseudo-speaker (and
 that spectral shape): no input sample reaches the output. What the user sounds like is never
@@ -52,7 +54,7 @@ from typing import Iterator
 import numpy as np
 
 from rtanon.config import ConfigError, NeuralConfig
-from rtanon.neural.input_mel import InputMelStream
+from rtanon.neural.input_mel import InputMelStream, voice_warp
 from rtanon.stages.base import check_chunk
 
 FRAME_SAMPLES = 320
@@ -190,7 +192,10 @@ class NeuralVoiceStage:
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
         mel_bins = int(model.vocoder_config.get("input_mel_bins", 0))
-        self.input_mel = InputMelStream(mel_bins) if mel_bins else None
+        self.input_mel = None
+        if mel_bins:
+            warp, tilt = voice_warp(identity.embedding) if model.config.input_warp else (1.0, 0.0)
+            self.input_mel = InputMelStream(mel_bins, warp, tilt)
         self._delay = stage_delay_samples(hop, self.f0.latency_frames, model.content.lookahead_frames)
         self._match = model.config.match_loudness
         self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))
