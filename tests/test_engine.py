@@ -52,7 +52,8 @@ def test_iter_process_any_block_sizes_gives_identical_output(anonymizer, speech)
 
 
 def test_fresh_voice_per_session_unless_seeded(anonymizer):
-    voices = {anonymizer.open_session().voice["alpha"] for _ in range(8)}
+    # the stages' own alpha: ``voice`` rounds it to 4 decimals, where 8 draws collide about 2 % of the time
+    voices = {anonymizer.open_session().stages[0].alpha for _ in range(8)}
     assert len(voices) == 8
     assert anonymizer.open_session(seed=5).voice == anonymizer.open_session(seed=5).voice
     mc = anonymizer.config.mcadams
