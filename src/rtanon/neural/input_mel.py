@@ -39,6 +39,7 @@ MAX_WARP = 1.22
 #: training's random spectral tilt: up to this many natural-log units from 0 to 8 kHz (about +-8.7 dB)
 MAX_TILT = 1.0
 _FLOOR = 1e-8
+_HANN = np.hanning(WINDOW + 2)[1:-1].astype(np.float32)  # a 514-point Hann without its zero ends
 
 
 def mel_basis(bins: int, warp: float = 1.0) -> np.ndarray:
@@ -57,7 +58,7 @@ def frame_power(audio: np.ndarray, frames: int, lead: int = LOOKAHEAD) -> np.nda
     pad = [(0, 0)] * (audio.ndim - 1) + [(lead, max(0, need - lead - audio.shape[-1]))]
     x = np.pad(audio, pad)[..., :need]
     idx = HOP_SAMPLES * np.arange(frames)[:, None] + np.arange(WINDOW)[None, :]
-    spec = np.fft.rfft(x[..., idx] * np.hanning(WINDOW + 2)[1:-1].astype(np.float32), axis=-1)
+    spec = np.fft.rfft(x[..., idx] * _HANN, axis=-1)
     return (spec.real ** 2 + spec.imag ** 2).astype(np.float32)
 
 

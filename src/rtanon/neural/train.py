@@ -590,16 +590,16 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     try:
         gen.train()
         disc.train()
+        input_mel = config.vocoder.input_mel_bins
+        if input_mel:
+            from rtanon.neural.input_mel import perturbed_log_mel
         while step < end:
             rng = np.random.default_rng([config.seed, step])
-            input_mel = config.vocoder.input_mel_bins
             # one frame more than trained on: the input log-mel of the last frame reads 96 samples past it
             b = data.batch(rng, config.batch_size, config.segment_frames + (1 if input_mel else 0))
             if config.units_noise > 0:
                 b["units"] = noisy_units(b["units"], config.units_noise, rng)
             if input_mel:
-                from rtanon.neural.input_mel import perturbed_log_mel
-
                 s = config.segment_frames
                 mel_frames = perturbed_log_mel(b["audio"], input_mel, s, rng)
                 b = {"units": np.concatenate([b["units"][:, :s], mel_frames], axis=2), "f0_hz": b["f0_hz"][:, :2 * s],
