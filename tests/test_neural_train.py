@@ -482,3 +482,46 @@ def test_the_vocoder_records_the_content_encoder_of_its_shards(tmp_path, capsys)
     resume = ["--shards", str(tmp_path / "shards_b"), "--out", str(tmp_path / "run")]
     assert main([*argv[:4], *argv[6:], *resume]) == 2  # run/ was trained on the first encoder's output
     assert "another content encoder" in capsys.readouterr().err
+
+
+class _TinySpeakerEmbedder(torch.nn.Module):
+    """A stand-in for resemblyzer's encoder in the D-dimensional test space: mean |frame| per 20 ms -> unit."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.proj = torch.nn.Linear(320, D)
+
+    def forward(self, audio):
+        frames = audio[:, :audio.shape[1] // 320 * 320].reshape(audio.shape[0], -1, 320)
+        return torch.nn.functional.normalize(self.proj(frames).abs().mean(dim=1), dim=1)
+
+
+def test_speaker_loss_trains_on_the_converted_pass_and_needs_its_model(shard_dir, tmp_path):
+    from rtanon.config import ConfigError
+
+    data = ShardDataset(shard_dir)
+    config = dataclasses.replace(_config(2), speaker_loss_weight=1.0, converted_fraction=0.5,
+                                 adversarial_start_step=10)
+
+    def targets(rng, n):
+        emb = rng.standard_normal((n, data.embeddings.shape[1])).astype(np.float32)
+        return emb / np.linalg.norm(emb, axis=1, keepdims=True), np.full(n, 220.0, np.float32)
+
+    with pytest.raises(ConfigError, match="conversion_targets"):
+        train_vocoder(config, data, tmp_path / "none", device="cpu", speaker_model=_TinySpeakerEmbedder())
+    with pytest.raises(ConfigError, match="speaker_model"):
+        train_vocoder(config, data, tmp_path / "none2", device="cpu", conversion_targets=targets)
+    with pytest.raises(ConfigError, match="speaker_loss_weight"):
+        dataclasses.replace(config, speaker_loss_weight=-1.0).validate()
+    embedder = _TinySpeakerEmbedder()
+    last = train_vocoder(config, data, tmp_path / "run", device="cpu", conversion_targets=targets,
+                         speaker_model=embedder)
+    # the logged loss is cos(source) - cos(target), both cosines of unit vectors
+    assert last["g_speaker"] == pytest.approx(last["g_cos_source"] - last["g_cos_target"], abs=1e-4)
+    assert -1 <= last["g_cos_target"] <= 1 and 0 <= last["g_cos_source"] <= 1
+    assert "g_content_converted" not in last and "g_content" not in last  # no content model needed
+    assert not any(p.requires_grad for p in embedder.parameters())  # frozen
+    plain = train_vocoder(_config(2), data, tmp_path / "plain", device="cpu")
+    a, b = (load_generator(tmp_path / r / "generator.pt").state_dict() for r in ("run", "plain"))
+    assert any((a[k] - b[k]).abs().max() > 0 for k in a)

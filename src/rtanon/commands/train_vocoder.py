@@ -87,6 +87,11 @@ def register(sub) -> None:
                         "pseudo-speaker's voice (drawn as the neural method draws one, F0 moved to its median): "
                         "training otherwise hears only each speaker's own voice (default 0 = off; costs about "
                         "half a step more); needs --content-weights")
+    p.add_argument("--speaker-loss", type=float, default=d.speaker_loss_weight, metavar="W",
+                   help="weight of a speaker loss on the same converted half-batch: cosine to the source's voice "
+                        "minus cosine to the pseudo-speaker's, in resemblyzer's (frozen) speaker space, so the "
+                        "voice comes from the pseudo-speaker and not through a content input such as --input-mel "
+                        "(default 0 = off; rtanon.neural.speaker_loss)")
     p.add_argument("--content-weights", type=Path, metavar="PT",
                    help="torch weights of the content encoder that made the shards (e.g. "
                         "models/content/content_encoder.pt for the packaged one), for --content-loss")
@@ -184,8 +189,15 @@ def run(args) -> int:
         from rtanon.content.train import load_checkpoint
 
         content_model = load_checkpoint(args.content_weights)
-    targets = None
-    if args.converted_content_loss > 0:
+    targets = speaker_model = None
+    if args.speaker_loss > 0:
+        from rtanon.neural.speaker_loss import load_speaker_embedder
+
+        try:
+            speaker_model = load_speaker_embedder()
+        except ImportError as exc:
+            raise CliError(str(exc)) from None
+    if args.converted_content_loss > 0 or args.speaker_loss > 0:
         from rtanon.identity.speaker import IdentityModel
 
         targets = PseudoSpeakerTargets(IdentityModel())
@@ -198,7 +210,7 @@ def run(args) -> int:
                      learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed,
                      residual_start_step=args.residual_start_step, units_noise=args.units_noise,
                      content_loss_weight=args.content_loss, converted_content_weight=args.converted_content_loss,
-                     content_loss_layers=args.content_loss_layers)
+                     content_loss_layers=args.content_loss_layers, speaker_loss_weight=args.speaker_loss)
     try:
         config.validate()
     except ValueError as exc:
@@ -208,7 +220,7 @@ def run(args) -> int:
     augment = BlendWithOtherSpeaker(prob=args.blend_prob) if args.blend_prob > 0 else None
     last = train_vocoder(config, data, args.out, device=device, speaker_augment=augment,
                          max_minutes=args.max_minutes, on_log=lambda r: print(json.dumps(r), flush=True),
-                         content_model=content_model, conversion_targets=targets)
+                         content_model=content_model, conversion_targets=targets, speaker_model=speaker_model)
     onnx_path = export_onnx(load_generator(args.out / "generator.pt"), args.out / "vocoder.onnx")
     print(f"stopped at step {last.get('step')}; weights {args.out / 'generator.pt'}, graph {onnx_path}")
     return 0

@@ -335,6 +335,10 @@ class TrainConfig:
     content_loss_layers: bool = False
     converted_content_weight: float = 0.0
     converted_fraction: float = 0.5
+    #: Speaker loss on the converted pass (``rtanon.neural.speaker_loss``): weight of cos(E(converted),
+    #: E(source)) - cos(E(converted), pseudo-speaker) with E resemblyzer's encoder (0 = off). The only term that
+    #: says the pseudo-speaker, not a content input, must give the voice.
+    speaker_loss_weight: float = 0.0
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     log_every: int = 50
@@ -353,9 +357,10 @@ class TrainConfig:
                               "than 1024 samples)")
         if self.batch_size < 1 or self.steps < 1 or self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("batch_size, steps, checkpoint_every and log_every must be >= 1")
-        if self.content_loss_weight < 0 or self.converted_content_weight < 0:
+        if self.content_loss_weight < 0 or self.converted_content_weight < 0 or self.speaker_loss_weight < 0:
             raise ConfigError(f"content_loss_weight={self.content_loss_weight}, converted_content_weight="
-                              f"{self.converted_content_weight}; use 0 (off) or more")
+                              f"{self.converted_content_weight}, speaker_loss_weight={self.speaker_loss_weight}; "
+                              "use 0 (off) or more")
         if not 0.0 < self.converted_fraction <= 1.0:
             raise ConfigError(f"converted_fraction={self.converted_fraction}; use a fraction in (0, 1]")
         if not 0.0 <= self.units_noise <= 2.0:
@@ -492,14 +497,17 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                   resume: bool = True, max_steps: int | None = None,
                   speaker_augment: SpeakerAugment | None = None,
                   on_log: Callable[[dict], None] | None = None, max_minutes: float | None = None,
-                  content_model=None, conversion_targets: ConversionTargets | None = None) -> dict:
+                  content_model=None, conversion_targets: ConversionTargets | None = None,
+                  speaker_model=None) -> dict:
     """Trains (or resumes training of) the vocoder until ``config.steps`` (or ``max_steps`` more steps
     in this call, or until ``max_minutes`` of wall clock, with a checkpoint). Returns the last log record. See the module docstring for the run directory.
 
     ``content_model``: the torch ``ContentEncoder`` whose ``z`` fills the shards (``rtanon.content.train.
     load_checkpoint``), needed when ``config.content_loss_weight`` or ``converted_content_weight`` > 0; it
     is frozen here. ``conversion_targets`` (e.g. :class:`PseudoSpeakerTargets`): the voices of the
-    converted-voice content loss, needed when ``config.converted_content_weight`` > 0."""
+    converted-voice losses, needed when ``config.converted_content_weight`` or ``speaker_loss_weight`` > 0.
+    ``speaker_model``: the frozen ``SpeakerEmbedder`` of the speaker loss (``rtanon.neural.speaker_loss.
+    load_speaker_embedder``), needed when ``config.speaker_loss_weight`` > 0."""
     import torch
 
     from rtanon.neural.discriminators import Discriminators
@@ -538,10 +546,18 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         raise ConfigError(f"aux_mel_bins={config.vocoder.aux_mel_bins}; it must equal the mel loss's "
                           f"{mel_loss.mel.mel_basis.shape[0]} bands")
     stft_loss = MultiResolutionStftLoss().to(device) if config.use_stft_loss else None
-    converted = config.converted_content_weight > 0
+    converted = config.converted_content_weight > 0 or config.speaker_loss_weight > 0
     if converted and conversion_targets is None:
-        raise ConfigError("converted_content_weight > 0 needs conversion_targets (the voices to convert to)")
-    if config.content_loss_weight > 0 or converted:
+        raise ConfigError("converted_content_weight or speaker_loss_weight > 0 needs conversion_targets (the voices "
+                          "to convert to)")
+    if config.speaker_loss_weight > 0:
+        if speaker_model is None:
+            raise ConfigError("speaker_loss_weight > 0 needs speaker_model (rtanon.neural.speaker_loss."
+                              "load_speaker_embedder)")
+        speaker_model = speaker_model.to(device).eval()
+        speaker_model.requires_grad_(False)
+        from rtanon.neural.speaker_loss import speaker_privacy_loss
+    if config.content_loss_weight > 0 or config.converted_content_weight > 0:
         if content_model is None:
             raise ConfigError("a content loss needs the content encoder's torch weights (content_model)")
         content_model = content_model.to(device).eval()
@@ -654,11 +670,19 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                     fake_c, _ = gen.forward_with_mel(units[:h], torch.from_numpy(f0_c).to(device),
                                                      torch.from_numpy(emb_c).to(device), noise_t[:h],
                                                      residual=residual)
-                closs_c = content_consistency_loss(content_model, fake_c.float()[:, ctx:], real[:h, 0],
-                                                   config.content_loss_layers)
-                g_loss = g_loss + config.converted_content_weight * closs_c
-                parts["content_converted"] = float(closs_c.detach())
-                parts["total"] += config.converted_content_weight * parts["content_converted"]
+                fake_c = fake_c.float()[:, ctx:]
+                if config.converted_content_weight > 0:
+                    closs_c = content_consistency_loss(content_model, fake_c, real[:h, 0], config.content_loss_layers)
+                    g_loss = g_loss + config.converted_content_weight * closs_c
+                    parts["content_converted"] = float(closs_c.detach())
+                    parts["total"] += config.converted_content_weight * parts["content_converted"]
+                if config.speaker_loss_weight > 0:
+                    sloss, cos_s, cos_t = speaker_privacy_loss(speaker_model, fake_c, real[:h, 0],
+                                                               torch.from_numpy(emb_c).to(device))
+                    g_loss = g_loss + config.speaker_loss_weight * sloss
+                    parts["speaker"] = float(sloss.detach())
+                    parts["total"] += config.speaker_loss_weight * parts["speaker"]
+                    parts["cos_source"], parts["cos_target"] = cos_s, cos_t
             if aux_mel:  # frame k of the head is the mel frame centred on sample 160 k of the segment
                 with torch.no_grad():
                     target = mel_loss.mel(real[:, 0])  # frames centred on ctx + 160 k
