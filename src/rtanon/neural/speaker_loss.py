@@ -56,7 +56,7 @@ def _resemblyzer_weights() -> Path:
 def load_speaker_embedder(device: str = "cpu"):
     """Resemblyzer's voice encoder as a frozen, differentiable :class:`SpeakerEmbedder` on ``device``."""
     embedder = SpeakerEmbedder()
-    state = torch.load(_resemblyzer_weights(), map_location="cpu", weights_only=False)["model_state"]
+    state = torch.load(_resemblyzer_weights(), map_location="cpu", weights_only=True)["model_state"]
     embedder.load_state_dict({k: v for k, v in state.items() if k.split(".")[0] in ("lstm", "linear")})
     embedder.requires_grad_(False)
     return embedder.to(device).eval()
