@@ -28,8 +28,6 @@ this loss trains against.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import librosa
 import numpy as np
 import torch
@@ -43,32 +41,28 @@ N_MELS = 40
 TARGET_DBFS = -30.0
 
 
-def _resemblyzer_weights() -> Path:
+def load_speaker_embedder(device: str = "cpu") -> "SpeakerEmbedder":
+    """Resemblyzer's voice encoder (its packaged weights) as a frozen, differentiable :class:`SpeakerEmbedder`
+    on ``device``."""
     try:
-        import resemblyzer
+        from resemblyzer import VoiceEncoder
     except ModuleNotFoundError:
         from rtanon.identity.encoder import RESEMBLYZER_HINT
 
-        raise ImportError(f"the speaker loss needs resemblyzer's weights: {RESEMBLYZER_HINT}") from None
-    return Path(resemblyzer.__file__).resolve().parent / "pretrained.pt"
-
-
-def load_speaker_embedder(device: str = "cpu"):
-    """Resemblyzer's voice encoder as a frozen, differentiable :class:`SpeakerEmbedder` on ``device``."""
-    embedder = SpeakerEmbedder()
-    state = torch.load(_resemblyzer_weights(), map_location="cpu", weights_only=True)["model_state"]
-    embedder.load_state_dict({k: v for k, v in state.items() if k.split(".")[0] in ("lstm", "linear")})
+        raise ImportError(f"the speaker loss needs resemblyzer: {RESEMBLYZER_HINT}") from None
+    embedder = SpeakerEmbedder(VoiceEncoder(device, verbose=False))
     embedder.requires_grad_(False)
     return embedder.to(device).eval()
 
 
 class SpeakerEmbedder(nn.Module):
-    """``forward(audio (B, N) at 16 kHz) -> (B, 256)`` unit vectors, differentiable in ``audio``."""
+    """``forward(audio (B, N) at 16 kHz) -> (B, 256)`` unit vectors, differentiable in ``audio``: resemblyzer's
+    features computed in torch, then its ``VoiceEncoder.forward`` (LSTM, last hidden state, linear, ReLU,
+    L2 norm)."""
 
-    def __init__(self) -> None:
+    def __init__(self, encoder: nn.Module) -> None:
         super().__init__()
-        self.lstm = nn.LSTM(N_MELS, 256, 3, batch_first=True)
-        self.linear = nn.Linear(256, 256)
+        self.encoder = encoder
         mel = librosa.filters.mel(sr=SAMPLE_RATE_HZ, n_fft=N_FFT, n_mels=N_MELS).astype(np.float32)
         self.register_buffer("mel_basis", torch.from_numpy(mel), persistent=False)
         self.register_buffer("window", torch.hann_window(N_FFT, periodic=True), persistent=False)
@@ -82,8 +76,7 @@ class SpeakerEmbedder(nn.Module):
     def forward(self, audio):
         rms = audio.pow(2).mean(dim=1, keepdim=True).clamp_min(1e-10).sqrt()
         audio = audio * (10.0 ** (TARGET_DBFS / 20.0) / rms)
-        _, (hidden, _) = self.lstm(self.mel(audio))
-        return torch.nn.functional.normalize(torch.relu(self.linear(hidden[-1])), dim=1)
+        return self.encoder(self.mel(audio))
 
 
 def speaker_privacy_loss(embedder, converted, source, target_embedding):
