@@ -665,10 +665,11 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             if converted:  # the first h items again, in pseudo-speakers' voices: only the content must stay
                 h = max(1, int(round(config.converted_fraction * config.batch_size)))
                 emb_c, median_c = conversion_targets(rng, h)
+                emb_c = torch.from_numpy(emb_c).to(device)
                 f0_c = shift_f0_to_median(b["f0_hz"][:h], median_c)
                 with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
                     fake_c, _ = gen.forward_with_mel(units[:h], torch.from_numpy(f0_c).to(device),
-                                                     torch.from_numpy(emb_c).to(device), noise_t[:h],
+                                                     emb_c, noise_t[:h],
                                                      residual=residual)
                 fake_c = fake_c.float()[:, ctx:]
                 if config.converted_content_weight > 0:
@@ -677,8 +678,7 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                     parts["content_converted"] = float(closs_c.detach())
                     parts["total"] += config.converted_content_weight * parts["content_converted"]
                 if config.speaker_loss_weight > 0:
-                    sloss, cos_s, cos_t = speaker_privacy_loss(speaker_model, fake_c, real[:h, 0],
-                                                               torch.from_numpy(emb_c).to(device))
+                    sloss, cos_s, cos_t = speaker_privacy_loss(speaker_model, fake_c, real[:h, 0], emb_c)
                     g_loss = g_loss + config.speaker_loss_weight * sloss
                     parts["speaker"] = float(sloss.detach())
                     parts["total"] += config.speaker_loss_weight * parts["speaker"]
