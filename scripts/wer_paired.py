@@ -13,6 +13,11 @@ the ASR looped for either system (``rtanon.eval.metrics.asr_runaway``).
         --vocoder runs/vX/vocoder.onnx
     python scripts/wer_paired.py compare runs/wer_shipped.json runs/wer_cand.json
 
+``from-eval`` writes the same per-utterance rows from the transcripts an ``rtanon eval`` run cached for
+one of its systems (no rendering, no ASR), so two systems of one evaluation compare the same way:
+
+    PYTHONPATH=src python scripts/wer_paired.py from-eval runs/ev_X mcadams ../shared/data/so762_dev runs/ev_X_mcadams.json
+
 ``--content FILE`` runs another content encoder than the packaged one (with a vocoder trained on its
 output). 320 utterances take about 6 minutes on one core here.
 """
@@ -64,6 +69,39 @@ def run(args) -> int:
     print(f"{args.out}: {len(rows)} utterances, WER {100 * (s + d + ins) / n:.1f} % (substitutions "
           f"{100 * s / n:.1f}, deletions {100 * d / n:.1f}, insertions {100 * ins / n:.1f}) "
           f"in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def from_eval(args) -> int:
+    """Per-utterance rows of one system of an ``rtanon eval`` output, from its cached transcripts (the
+    transcript of ``OUT/systems/SYSTEM/dev/**/UTT.wav``, or of the data's own file for ``original``)."""
+    from rtanon.eval.metrics import error_counts
+    from rtanon.eval.textnorm import normalize
+    from rtanon.kaldi import KaldiDir
+
+    data = KaldiDir.load(args.data)
+    cached = json.loads((Path(args.eval_dir) / "cache" / "transcripts.json").read_text())
+    if args.system == "original":
+        wanted = {str(Path(data.wav[u]).resolve()): u for u in data.wav}
+    else:
+        root = (Path(args.eval_dir) / "systems" / args.system / "dev").resolve()
+        wanted = {str(p): p.stem for p in root.rglob("*.wav")}
+    hyps = {}
+    for key, text in cached.items():
+        path = key.split("|")[1]
+        if path in wanted:
+            hyps[wanted[path]] = text
+    rows = []
+    for utt in sorted(u for u in data.wav if u in data.text):
+        if utt not in hyps:
+            raise SystemExit(f"{args.eval_dir}: no cached transcript of {utt} for system {args.system}")
+        ref, hyp = normalize(data.text[utt]), normalize(hyps[utt])
+        s, d, ins = error_counts(ref, hyp)
+        rows.append({"utt": utt, "seed": None, "ref": " ".join(ref), "hyp": " ".join(hyp),
+                     "s": s, "d": d, "i": ins, "n": len(ref)})
+    Path(args.out).write_text(json.dumps(rows, indent=0))
+    n = sum(r["n"] for r in rows)
+    print(f"{args.out}: {len(rows)} utterances, WER {100 * sum(errors(rows)) / n:.1f} %")
     return 0
 
 
@@ -127,6 +165,12 @@ def main(argv=None) -> int:
     c.add_argument("others", nargs="+", help="candidate JSONs from `run` (same utterances and seeds)")
     c.add_argument("--resamples", type=int, default=5000)
     c.set_defaults(func=compare)
+    e = sub.add_parser("from-eval", help="per-utterance rows of one system from an `rtanon eval` output's cache")
+    e.add_argument("eval_dir", help="the --out directory of `rtanon eval`")
+    e.add_argument("system", help="original, mcadams, neural, ...")
+    e.add_argument("data", help="the Kaldi-style directory it evaluated (for the reference texts)")
+    e.add_argument("out", help="per-utterance results (JSON)")
+    e.set_defaults(func=from_eval)
     args = ap.parse_args(argv)
     return args.func(args)
 
