@@ -525,3 +525,38 @@ def test_speaker_loss_trains_on_the_converted_pass_and_needs_its_model(shard_dir
     plain = train_vocoder(_config(2), data, tmp_path / "plain", device="cpu")
     a, b = (load_generator(tmp_path / r / "generator.pt").state_dict() for r in ("run", "plain"))
     assert any((a[k] - b[k]).abs().max() > 0 for k in a)
+
+
+def test_converted_pass_on_the_synthesis_skips_the_upsampling_stack(shard_dir, tmp_path, monkeypatch):
+    """``converted_pass="synthesis"``: the converted half-batch is rendered without the stack's residual (so
+    its speaker loss can only move the envelopes), while the speaker's own pass keeps it."""
+    from rtanon.config import ConfigError
+    from rtanon.neural.vocoder import CausalNsfHifiGan
+
+    data = ShardDataset(shard_dir)
+    calls = []
+    original = CausalNsfHifiGan.forward_with_mel
+
+    def recording(self, units, f0_hz, speaker, noise, residual=True):
+        calls.append((units.shape[0], residual))
+        return original(self, units, f0_hz, speaker, noise, residual=residual)
+
+    monkeypatch.setattr(CausalNsfHifiGan, "forward_with_mel", recording)
+
+    def targets(rng, n):
+        emb = rng.standard_normal((n, data.embeddings.shape[1])).astype(np.float32)
+        return emb / np.linalg.norm(emb, axis=1, keepdims=True), np.full(n, 220.0, np.float32)
+
+    base = _config(1)
+    base = dataclasses.replace(base, vocoder=dataclasses.replace(base.vocoder, source_type="envelope"),
+                               speaker_loss_weight=1.0, converted_fraction=0.5, residual_start_step=0,
+                               adversarial_start_step=10)
+    for where, want in (("output", [(2, True), (1, True)]), ("synthesis", [(2, True), (1, False)])):
+        calls.clear()
+        train_vocoder(dataclasses.replace(base, converted_pass=where), data, tmp_path / where, device="cpu",
+                      conversion_targets=targets, speaker_model=_TinySpeakerEmbedder())
+        assert calls == want, (where, calls)
+    with pytest.raises(ConfigError, match="converted_pass"):
+        dataclasses.replace(base, converted_pass="stack").validate()
+    with pytest.raises(ConfigError, match="envelope source"):
+        dataclasses.replace(_config(1), converted_pass="synthesis").validate()

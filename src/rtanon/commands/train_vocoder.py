@@ -92,6 +92,10 @@ def register(sub) -> None:
                         "minus cosine to the pseudo-speaker's, in resemblyzer's (frozen) speaker space, so the "
                         "voice comes from the pseudo-speaker and not through a content input such as --input-mel "
                         "(default 0 = off; rtanon.neural.speaker_loss)")
+    p.add_argument("--converted-pass", choices=("output", "synthesis"), default=d.converted_pass,
+                   help="what the converted half-batch's losses hear: the vocoder's output, or the envelope "
+                        "synthesiser's speech alone, so that they train the envelopes and not a waveform "
+                        f"residual against the speaker model (default {d.converted_pass})")
     p.add_argument("--content-weights", type=Path, metavar="PT",
                    help="torch weights of the content encoder that made the shards (e.g. "
                         "models/content/content_encoder.pt for the packaged one), for --content-loss")
@@ -210,7 +214,8 @@ def run(args) -> int:
                      learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every, seed=args.seed,
                      residual_start_step=args.residual_start_step, units_noise=args.units_noise,
                      content_loss_weight=args.content_loss, converted_content_weight=args.converted_content_loss,
-                     content_loss_layers=args.content_loss_layers, speaker_loss_weight=args.speaker_loss)
+                     content_loss_layers=args.content_loss_layers, speaker_loss_weight=args.speaker_loss,
+                     converted_pass=args.converted_pass)
     try:
         config.validate()
     except ValueError as exc:

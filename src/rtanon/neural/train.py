@@ -339,6 +339,12 @@ class TrainConfig:
     #: E(source)) - cos(E(converted), pseudo-speaker) with E resemblyzer's encoder (0 = off). The only term that
     #: says the pseudo-speaker, not a content input, must give the voice.
     speaker_loss_weight: float = 0.0
+    #: What the converted pass's losses hear: ``"output"`` (the vocoder's output) or ``"synthesis"`` (the
+    #: envelope synthesiser's speech alone, without the upsampling stack's residual). With ``"synthesis"``
+    #: the converted-voice losses train only the pre-net and the envelopes, so the speaker loss must move
+    #: the spectral envelope; on the output, the stack learnt a waveform residual against the embedder
+    #: that made the voice breathy (``models/neural/README.md``, ninth session).
+    converted_pass: str = "output"
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     log_every: int = 50
@@ -361,6 +367,10 @@ class TrainConfig:
             raise ConfigError(f"content_loss_weight={self.content_loss_weight}, converted_content_weight="
                               f"{self.converted_content_weight}, speaker_loss_weight={self.speaker_loss_weight}; "
                               "use 0 (off) or more")
+        if self.converted_pass not in ("output", "synthesis"):
+            raise ConfigError(f"converted_pass={self.converted_pass!r}; use output or synthesis")
+        if self.converted_pass == "synthesis" and self.vocoder.source_type != "envelope":
+            raise ConfigError("converted_pass='synthesis' needs the envelope source (source_type='envelope')")
         if not 0.0 < self.converted_fraction <= 1.0:
             raise ConfigError(f"converted_fraction={self.converted_fraction}; use a fraction in (0, 1]")
         if not 0.0 <= self.units_noise <= 2.0:
@@ -670,7 +680,7 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                 with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
                     fake_c, _ = gen.forward_with_mel(units[:h], torch.from_numpy(f0_c).to(device),
                                                      emb_c, noise_t[:h],
-                                                     residual=residual)
+                                                     residual=residual and config.converted_pass == "output")
                 fake_c = fake_c.float()[:, ctx:]
                 if config.converted_content_weight > 0:
                     closs_c = content_consistency_loss(content_model, fake_c, real[:h, 0], config.content_loss_layers)
