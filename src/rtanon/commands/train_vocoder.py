@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from rtanon.neural.train import TrainConfig
+    from rtanon.neural.train import CONVERTED_PASSES, TrainConfig
 
     d = TrainConfig()
     p = sub.add_parser(
@@ -92,7 +92,7 @@ def register(sub) -> None:
                         "minus cosine to the pseudo-speaker's, in resemblyzer's (frozen) speaker space, so the "
                         "voice comes from the pseudo-speaker and not through a content input such as --input-mel "
                         "(default 0 = off; rtanon.neural.speaker_loss)")
-    p.add_argument("--converted-pass", choices=("output", "synthesis"), default=d.converted_pass,
+    p.add_argument("--converted-pass", choices=CONVERTED_PASSES, default=d.converted_pass,
                    help="what the converted half-batch's losses hear: the vocoder's output, or the envelope "
                         "synthesiser's speech alone, so that they train the envelopes and not a waveform "
                         f"residual against the speaker model (default {d.converted_pass})")

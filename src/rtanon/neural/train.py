@@ -294,6 +294,10 @@ def _disc_config_default():
     return DiscriminatorConfig()
 
 
+#: what the converted pass's losses hear (``TrainConfig.converted_pass``)
+CONVERTED_PASSES = ("output", "synthesis")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Training hyper-parameters (HiFi-GAN's optimiser settings)."""
@@ -367,8 +371,8 @@ class TrainConfig:
             raise ConfigError(f"content_loss_weight={self.content_loss_weight}, converted_content_weight="
                               f"{self.converted_content_weight}, speaker_loss_weight={self.speaker_loss_weight}; "
                               "use 0 (off) or more")
-        if self.converted_pass not in ("output", "synthesis"):
-            raise ConfigError(f"converted_pass={self.converted_pass!r}; use output or synthesis")
+        if self.converted_pass not in CONVERTED_PASSES:
+            raise ConfigError(f"converted_pass={self.converted_pass!r}; use one of {CONVERTED_PASSES}")
         if self.converted_pass == "synthesis" and self.vocoder.source_type != "envelope":
             raise ConfigError("converted_pass='synthesis' needs the envelope source (source_type='envelope')")
         if not 0.0 < self.converted_fraction <= 1.0:
