@@ -33,14 +33,23 @@ from pathlib import Path
 import numpy as np
 
 
+def _row(utt: str, seed: int | None, reference: str, transcript: str) -> dict:
+    """One utterance's result: normalised texts and its substitutions, deletions and insertions."""
+    from rtanon.eval.metrics import error_counts
+    from rtanon.eval.textnorm import normalize
+
+    ref, hyp = normalize(reference), normalize(transcript)
+    s, d, ins = error_counts(ref, hyp)
+    return {"utt": utt, "seed": seed, "ref": " ".join(ref), "hyp": " ".join(hyp), "s": s, "d": d, "i": ins,
+            "n": len(ref)}
+
+
 def run(args) -> int:
     import soundfile as sf
 
     from rtanon.config import AnonymizerConfig, NeuralConfig
     from rtanon.engine import Anonymizer
     from rtanon.eval.asr import WhisperTranscriber
-    from rtanon.eval.metrics import error_counts
-    from rtanon.eval.textnorm import normalize
     from rtanon.kaldi import KaldiDir
 
     data = KaldiDir.load(args.data)
@@ -57,10 +66,7 @@ def run(args) -> int:
             raise SystemExit(f"{utt}: {sr} Hz; this script expects 16 kHz audio")
         x = x.mean(axis=1) if x.ndim > 1 else x
         y = x if anonymizer is None else anonymizer.open_session(seed=args.seed_base + k).process_signal(x)
-        ref, hyp = normalize(data.text[utt]), normalize(asr.transcribe(y))
-        s, d, ins = error_counts(ref, hyp)
-        rows.append({"utt": utt, "seed": args.seed_base + k, "ref": " ".join(ref), "hyp": " ".join(hyp),
-                     "s": s, "d": d, "i": ins, "n": len(ref)})
+        rows.append(_row(utt, args.seed_base + k, data.text[utt], asr.transcribe(y)))
         print(f"\r{i + 1}/{len(picked)} utterances", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     Path(args.out).write_text(json.dumps(rows, indent=0))
@@ -75,8 +81,6 @@ def run(args) -> int:
 def from_eval(args) -> int:
     """Per-utterance rows of one system of an ``rtanon eval`` output, from its cached transcripts (the
     transcript of ``OUT/systems/SYSTEM/dev/**/UTT.wav``, or of the data's own file for ``original``)."""
-    from rtanon.eval.metrics import error_counts
-    from rtanon.eval.textnorm import normalize
     from rtanon.kaldi import KaldiDir
 
     data = KaldiDir.load(args.data)
@@ -95,10 +99,7 @@ def from_eval(args) -> int:
     for utt in sorted(u for u in data.wav if u in data.text):
         if utt not in hyps:
             raise SystemExit(f"{args.eval_dir}: no cached transcript of {utt} for system {args.system}")
-        ref, hyp = normalize(data.text[utt]), normalize(hyps[utt])
-        s, d, ins = error_counts(ref, hyp)
-        rows.append({"utt": utt, "seed": None, "ref": " ".join(ref), "hyp": " ".join(hyp),
-                     "s": s, "d": d, "i": ins, "n": len(ref)})
+        rows.append(_row(utt, None, data.text[utt], hyps[utt]))
     Path(args.out).write_text(json.dumps(rows, indent=0))
     n = sum(r["n"] for r in rows)
     print(f"{args.out}: {len(rows)} utterances, WER {100 * sum(errors(rows)) / n:.1f} %")
