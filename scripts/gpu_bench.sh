@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1
   | tee "$out/device.txt"
 "$py" -m pytest -q -rs -p no:cacheprovider tests/test_neural_vocoder.py 2>&1 | tee "$out/tests_vocoder.txt"
 bench=(-m rtanon bench --method neural --seconds 20)
-"$py" "${bench[@]}" --backend torch --device cuda --streams 4096 --json 2>&1 | tee "$out/bench_torch_cuda.txt"
-"$py" "${bench[@]}" --backend torch --device cuda --no-cuda-graphs --streams 4096 --json 2>&1 \
+"$py" "${bench[@]}" --backend torch --accelerator cuda --streams 4096 --json 2>&1 | tee "$out/bench_torch_cuda.txt"
+"$py" "${bench[@]}" --backend torch --accelerator cuda --no-cuda-graphs --streams 4096 --json 2>&1 \
   | tee "$out/bench_torch_cuda_no_graphs.txt"
 "$py" "${bench[@]}" --backend onnxruntime --streams 64 --json 2>&1 | tee "$out/bench_onnxruntime_cpu.txt"

@@ -49,7 +49,7 @@ def test_neural_torch_backend_on_cuda_without_cuda_says_so():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here: the error path is for machines without it")
-    proc = _run("bench", "--method", "neural", "--backend", "torch", "--device", "cuda", "--seconds", "1")
+    proc = _run("bench", "--method", "neural", "--backend", "torch", "--accelerator", "cuda", "--seconds", "1")
     assert proc.returncode != 0
     assert "CUDA is not available" in proc.stderr and "Traceback" not in proc.stderr
 

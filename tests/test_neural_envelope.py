@@ -1,9 +1,9 @@
-"""The vocoder's envelope source (``source_type="envelope"``, :class:`rtanon.neural.vocoder.EnvelopeSynth`):
+"""The vocoder's envelope source (:class:`rtanon.neural.vocoder.EnvelopeSynth`):
 streaming equals offline (torch and ONNX Runtime), the pitch is exactly the given F0, the formants stay
 where the envelope puts them whatever the F0, unvoiced frames have no harmonics, and the upsampling
 stack's residual starts at zero.
 
-Parity tolerance as for the NSF vocoder: 1e-5 absolute between chunkings of the same backend, 1e-4
+Parity tolerance as in test_neural_vocoder: 1e-5 absolute between chunkings of the same backend, 1e-4
 between torch and ONNX Runtime."""
 
 from __future__ import annotations
@@ -13,21 +13,22 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rtanon.config import ConfigError  # noqa: E402
-from rtanon.neural.vocoder import HOP_SAMPLES, CausalNsfHifiGan, VocoderConfig, export_onnx  # noqa: E402
-# the NSF tests' inputs, chunking and one-thread fixture (autouse)
+from rtanon.constants import FRAME_SAMPLES  # noqa: E402
+from rtanon.neural.vocoder import HarmonicNoiseVocoder, VocoderConfig  # noqa: E402
+from rtanon.train.export import export_vocoder_onnx as export_onnx  # noqa: E402
+# the vocoder tests' inputs, chunking and one-thread fixture (autouse)
 from test_neural_vocoder import _chunked_torch, _inputs, _one_torch_thread  # noqa: E402,F401
 
 FRAMES = 10
 SMALL = VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4, prenet_dilations=(1, 2),
-                      source_type="envelope", envelope_points=24, envelope_harmonics=40, noise_taps=32)
+                      envelope_points=24, envelope_harmonics=40, noise_taps=32)
 
 
 @pytest.fixture(scope="module")
 def model():
     """Random weights everywhere, the residual stack's output convolution included (it starts at zero)."""
     torch.manual_seed(0)
-    m = CausalNsfHifiGan(SMALL)
+    m = HarmonicNoiseVocoder(SMALL)
     with torch.no_grad():
         m.env_head.weight.add_(0.3 * torch.randn_like(m.env_head.weight))
         m.env_head.bias.add_(2.0)
@@ -56,7 +57,7 @@ def test_onnxruntime_streaming_equals_offline(model, tmp_path):
     outs = []
     for s in range(0, FRAMES, 2):
         feed = [units[:, s:s + 2].numpy(), f0[:, 2 * s:2 * s + 4].numpy(), spk.numpy(),
-                noise[:, HOP_SAMPLES * s:HOP_SAMPLES * (s + 2)].numpy(), *state]
+                noise[:, FRAME_SAMPLES * s:FRAME_SAMPLES * (s + 2)].numpy(), *state]
         out, *state = sess.run(None, dict(zip(names, feed)))
         outs.append(out)
     np.testing.assert_allclose(np.concatenate(outs, axis=1), offline, atol=1e-4, rtol=0)
@@ -122,35 +123,21 @@ def test_unvoiced_frames_have_no_harmonics():
 
 def test_residual_starts_at_zero_and_can_be_skipped():
     torch.manual_seed(1)
-    fresh = CausalNsfHifiGan(SMALL).eval()
+    fresh = HarmonicNoiseVocoder(SMALL).eval()
     units, f0, spk, noise = _inputs(SMALL)
     with torch.no_grad():
-        full, _ = fresh.forward_with_mel(units, f0, spk, noise)
-        synth_only, _ = fresh.forward_with_mel(units, f0, spk, noise, residual=False)
+        full = fresh(units, f0, spk, noise)
+        synth_only = fresh(units, f0, spk, noise, residual=False)
     torch.testing.assert_close(full, synth_only, atol=1e-7, rtol=0)
-    nsf = CausalNsfHifiGan(VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4))
-    with pytest.raises(ValueError, match="envelope"):
-        nsf.forward_with_mel(units, f0, spk, noise, residual=False)
-
-
-def test_config_validation_says_how_to_fix():
-    with pytest.raises(ConfigError, match="source_type"):
-        VocoderConfig(source_type="sine").validate()
-    with pytest.raises(ConfigError, match="taps"):
-        VocoderConfig(source_type="envelope", noise_taps=48).validate()
 
 
 def test_projection_units_are_normalised_inside_the_graph():
-    """``units_kind="z"``: the content encoder's projections are L2-normalised by the graph, so their scale
-    does not matter; soft units are used as they are."""
+    """The content encoder's projections are L2-normalised by the graph, so their scale does not matter."""
     cfg = VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4, prenet_dilations=(1,),
-                        source_type="envelope", envelope_points=16, envelope_harmonics=16, noise_taps=16,
-                        units_kind="z")
+                        envelope_points=16, envelope_harmonics=16, noise_taps=16)
     torch.manual_seed(0)
-    m = CausalNsfHifiGan(cfg).eval()
+    m = HarmonicNoiseVocoder(cfg).eval()
     units, f0, spk, noise = _inputs(cfg)
     z = torch.randn_like(units)
     with torch.no_grad():
         torch.testing.assert_close(m(3.0 * z, f0, spk, noise), m(z, f0, spk, noise), atol=1e-6, rtol=0)
-    with pytest.raises(ConfigError, match="units_kind"):
-        VocoderConfig(units_kind="logits").validate()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtanon.neural.features import Extractors, build_shards, speed_perturbation
-from rtanon.neural.train import ShardDataset
+from rtanon.train.shards import Extractors, build_shards, speed_perturbation
+from rtanon.train.shards import ShardDataset
 
 K, D = 8, 4
 

@@ -7,8 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rtanon.neural.discriminators import DiscriminatorConfig, Discriminators  # noqa: E402
-from rtanon.neural.losses import (  # noqa: E402
+from rtanon.train.discriminators import Discriminators  # noqa: E402
+from rtanon.train.vocoder_config import DiscriminatorConfig  # noqa: E402
+from rtanon.train.losses import (  # noqa: E402
     MelLoss,
     MelSpectrogram,
     MultiResolutionStftLoss,

@@ -21,11 +21,11 @@ from rtanon.engine import Anonymizer  # noqa: E402
 def random_vocoder(tmp_path_factory):
     import torch
 
-    from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder, VocoderConfig
+    from rtanon.train.export import export_vocoder_onnx as export_onnx
 
     torch.manual_seed(0)  # the shipped architecture: envelope source, pre-net, upsampling stack
-    model = CausalNsfHifiGan(VocoderConfig(units_temperature=0.05, source_type="envelope",
-                                           prenet_dilations=(1, 2, 4, 8, 1, 1)))
+    model = HarmonicNoiseVocoder(VocoderConfig())
     with torch.no_grad():  # random envelopes and a non-zero residual, so every part of the graph matters
         model.env_head.weight.add_(0.1 * torch.randn_like(model.env_head.weight))
         model.conv_post.conv.parametrizations.weight.original0.fill_(0.1)
@@ -57,11 +57,6 @@ def _run_stage(model, identity, x: np.ndarray, hop: int) -> np.ndarray:
     return np.concatenate([stage.process(x[i:i + hop]) for i in range(0, n, hop)])
 
 
-def test_content_temperature_comes_from_the_vocoder(model):
-    assert model.vocoder_config["units_temperature"] == 0.05
-    assert model.content.config.temperature == 0.05
-
-
 def test_any_chunking_gives_the_same_audio(model, identity, speech):
     x = speech[:16000 * 2]  # 2 s, a multiple of 640
     outs, delays = {}, {}
@@ -90,7 +85,6 @@ def test_stream_equals_offline_pipeline_with_stated_delay(model_unscaled, identi
     """Streaming parity: the stage's output equals the offline pipeline (whole-utterance content encoder, F0
     track, the same frame-by-frame pitch mapping, one vocoder call) delayed by ``latency_samples``."""
     model = model_unscaled
-    from rtanon.content.stream import sharpen_units
     from rtanon.f0.convert import PitchConversionConfig, StreamingPitchConverter, TargetPitch
     from rtanon.f0.tracker import track
 
@@ -101,7 +95,7 @@ def test_stream_equals_offline_pipeline_with_stated_delay(model_unscaled, identi
     delay = stage.latency_samples
     assert delay == 320
 
-    units = sharpen_units(model.content.analyze(x)[0], 0.05)  # frame t: the network's output t + lookahead
+    units = model.content.analyze(x)[1]  # z; frame t: the network's output t + lookahead
     conv = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                    PitchConversionConfig(method="percentile"))
     f0 = np.concatenate([conv.process(v[None]) for v in track(x)]).astype(np.float32)
@@ -202,7 +196,7 @@ def test_bench_streams_bisects_between_the_doublings():
             now[0] += int(0.7e6) * units.shape[0]
             return np.zeros((units.shape[0], 320), np.float32), state
 
-    model = SimpleNamespace(backend=Backend(), vocoder_config={"units_dim": 8, "speaker_dim": 4})
+    model = SimpleNamespace(backend=Backend(), vocoder_config=SimpleNamespace(units_dim=8, speaker_dim=4))
     anon = SimpleNamespace(config=SimpleNamespace(method="neural", neural=SimpleNamespace(backend="fake")),
                            method=SimpleNamespace(model=model))
     result = bench.bench_streams(anon, max_streams=4096, calls=3, clock=lambda: now[0])
@@ -229,25 +223,17 @@ def test_cli_vocoder_option_runs_given_weights_and_refuses_a_mismatch(random_voc
     assert not (tmp_path / "out2.wav").exists()
 
 
-def test_a_vocoder_trained_on_projections_gets_projections(tmp_path):
-    """The graph's ``units_kind`` chooses what the content encoder feeds: 256-dim projections for a vocoder
-    trained on them, and the method runs end to end on them."""
+def test_a_vocoder_for_another_content_width_is_refused(tmp_path):
+    """The content encoder feeds 256-dim projections; a vocoder that expects another width is refused with
+    the widths in the message."""
     import torch
 
-    from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder, VocoderConfig
     from rtanon.stages.neural import NeuralVoiceModel
+    from rtanon.train.export import export_vocoder_onnx as export_onnx
 
     torch.manual_seed(0)
-    voc = CausalNsfHifiGan(VocoderConfig(units_dim=256, units_kind="z", source_type="envelope",
-                                         prenet_dilations=(1,), initial_channels=64))
-    path = export_onnx(voc, tmp_path / "z.onnx")
-    model = NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(path)))
-    assert model.content.config.output == "z" and model.content.output_dim == 256
-    stage = model.open_stream(320, model.new_identity(np.random.default_rng(0)), np.random.default_rng(1))
-    x = (0.1 * np.sin(2 * np.pi * 140 * np.arange(16000) / 16000)).astype(np.float32)
-    out = np.concatenate([stage.process(x[i:i + 320]) for i in range(0, 16000, 320)])
-    assert out.shape == (16000,) and np.isfinite(out).all() and np.abs(out).max() > 0
-    bad = export_onnx(CausalNsfHifiGan(VocoderConfig(units_dim=100, units_kind="z", initial_channels=64)),
+    bad = export_onnx(HarmonicNoiseVocoder(VocoderConfig(units_dim=100, prenet_dilations=(1,), initial_channels=64)),
                       tmp_path / "bad.onnx")
     with pytest.raises(ConfigError, match="256"):
         NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(bad)))
@@ -265,7 +251,8 @@ def test_the_vocoder_runs_only_with_the_content_encoder_it_was_trained_on(tmp_pa
 
     from rtanon.cli import main
     from rtanon.content.stream import ContentEncoderModel, packaged_model_path
-    from rtanon.neural.vocoder import CausalNsfHifiGan, VocoderConfig, export_onnx
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder, VocoderConfig
+    from rtanon.train.export import export_vocoder_onnx as export_onnx
     from rtanon.stages.neural import NeuralVoiceModel
 
     packaged = ContentEncoderModel().sha256
@@ -281,9 +268,8 @@ def test_the_vocoder_runs_only_with_the_content_encoder_it_was_trained_on(tmp_pa
 
     def vocoder(content_sha256: str, name: str):
         torch.manual_seed(0)
-        return export_onnx(CausalNsfHifiGan(VocoderConfig(units_dim=256, units_kind="z", source_type="envelope",
-                                                          prenet_dilations=(1,), initial_channels=64,
-                                                          content_sha256=content_sha256)), tmp_path / name)
+        return export_onnx(HarmonicNoiseVocoder(VocoderConfig(prenet_dilations=(1,), initial_channels=64,
+                                                              content_sha256=content_sha256)), tmp_path / name)
 
     for_packaged, for_other = vocoder(packaged, "a.onnx"), vocoder(other_sha, "b.onnx")
     NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(for_packaged)))

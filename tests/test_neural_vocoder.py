@@ -1,5 +1,5 @@
-"""Causal NSF-HiFi-GAN vocoder: shapes, streaming-equals-offline parity (torch and ONNX Runtime),
-the NSF source's pitch, and the backend interface.
+"""The harmonic-plus-noise vocoder: shapes, streaming-equals-offline parity (torch and ONNX Runtime),
+its checkpoint loading, and the backend interface.
 
 Parity tolerance: 1e-5 absolute on float32 audio in (-1, 1) between any chunking (1, 2, 4 frames of
 20 ms per call, the 50 Hz frame being the vocoder's step) and the offline call, for the same
@@ -18,19 +18,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rtanon.config import ConfigError  # noqa: E402
-from rtanon.neural.vocoder import (  # noqa: E402
-    HOP_SAMPLES,
-    CausalNsfHifiGan,
-    VocoderConfig,
-    export_onnx,
-)
+from rtanon.constants import FRAME_SAMPLES  # noqa: E402
+from rtanon.neural.vocoder import HarmonicNoiseVocoder, VocoderConfig, load_generator  # noqa: E402
 
 PARITY_ATOL = 1e-5
 FRAMES = 10
-# A small configuration keeps the tests fast; parity does not depend on the width. It has the pre-net
-# (its causal convolutions carry state like the others) and the training-only mel head.
+# A small configuration keeps the tests fast; parity does not depend on the width.
 SMALL = VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4, prenet_dilations=(1, 2),
-                      aux_mel_bins=80)
+                      envelope_points=24, envelope_harmonics=40, noise_taps=32)
 
 
 def _inputs(cfg: VocoderConfig, frames: int = FRAMES, batch: int = 2, seed: int = 0):
@@ -39,7 +34,7 @@ def _inputs(cfg: VocoderConfig, frames: int = FRAMES, batch: int = 2, seed: int 
     f0 = 80 + 220 * torch.rand(batch, 2 * frames, generator=g)
     f0[:, 3:7] = 0.0  # an unvoiced stretch across chunk boundaries
     spk = torch.randn(batch, cfg.speaker_dim, generator=g)
-    noise = torch.randn(batch, HOP_SAMPLES * frames, generator=g)
+    noise = torch.randn(batch, FRAME_SAMPLES * frames, generator=g)
     return units, f0, spk, noise
 
 
@@ -55,7 +50,7 @@ def _one_torch_thread():
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return CausalNsfHifiGan(SMALL).eval()
+    return HarmonicNoiseVocoder(SMALL).eval()
 
 
 def _chunked_torch(model, units, f0, spk, noise, frames_per_call):
@@ -65,7 +60,7 @@ def _chunked_torch(model, units, f0, spk, noise, frames_per_call):
         for s in range(0, units.shape[1], frames_per_call):
             e = s + frames_per_call
             out, *state = model.forward_stream(units[:, s:e], f0[:, 2 * s:2 * e], spk,
-                                               noise[:, HOP_SAMPLES * s:HOP_SAMPLES * e], *state)
+                                               noise[:, FRAME_SAMPLES * s:FRAME_SAMPLES * e], *state)
             outs.append(out)
     return torch.cat(outs, dim=1)
 
@@ -74,7 +69,7 @@ def test_shapes_dtypes_and_range(model):
     units, f0, spk, noise = _inputs(SMALL)
     with torch.no_grad():
         out = model(units, f0, spk, noise)
-    assert out.shape == (2, HOP_SAMPLES * FRAMES) and out.dtype == torch.float32
+    assert out.shape == (2, FRAME_SAMPLES * FRAMES) and out.dtype == torch.float32
     assert torch.isfinite(out).all() and out.abs().max() < 1.0
     state = model.init_state(3)
     assert [tuple(s.shape) for s in state] == [(3, c, n) for c, n in model.state_shapes]
@@ -91,18 +86,22 @@ def test_wrong_shapes_raise_with_the_expected_shape(model):
         model.forward_stream(units, f0, spk, noise, *model.init_state(1))
 
 
-def test_aux_mel_head_is_training_only(model):
-    """``forward_with_mel`` returns the offline audio plus two log-mel frames per 50 Hz frame; the streaming
-    step (the ONNX graph) computes the same audio without the head."""
+def test_checkpoint_round_trip_and_retired_configs_are_refused(model, tmp_path):
+    """``load_generator`` rebuilds the model from its config and weights; a checkpoint of a retired kind
+    (the NSF source, soft units) is refused with a ConfigError that says to retrain."""
+    from dataclasses import asdict
+
+    torch.save({"generator": model.state_dict(), "config": asdict(SMALL), "step": 7}, tmp_path / "g.pt")
+    again = load_generator(tmp_path / "g.pt")
     units, f0, spk, noise = _inputs(SMALL)
     with torch.no_grad():
-        audio, mel = model.forward_with_mel(units, f0, spk, noise)
-        torch.testing.assert_close(audio, model(units, f0, spk, noise), atol=0, rtol=0)
-    assert mel.shape == (2, 80, 2 * FRAMES)
-    plain = CausalNsfHifiGan(VocoderConfig(units_dim=16, speaker_dim=8, initial_channels=32, min_channels=4))
-    assert plain.forward_with_mel(units, f0, spk, noise)[1] is None
-    with pytest.raises(ConfigError, match="prenet_dilations"):
-        VocoderConfig(aux_mel_bins=80).validate()
+        torch.testing.assert_close(again(units, f0, spk, noise), model(units, f0, spk, noise), atol=0, rtol=0)
+    shipped_era = {**asdict(SMALL), "units_kind": "z", "source_type": "envelope", "aux_mel_bins": 0}
+    assert VocoderConfig.from_dict(shipped_era) == SMALL
+    with pytest.raises(ConfigError, match="retrain"):
+        VocoderConfig.from_dict({**asdict(SMALL), "source_type": "nsf"})
+    with pytest.raises(ConfigError, match="retrain"):
+        VocoderConfig.from_dict({**asdict(SMALL), "units_kind": "probs"})
 
 
 def test_config_validation_says_how_to_fix():
@@ -142,38 +141,9 @@ def test_folded_model_matches_weight_norm_model(model):
     assert any(torch.nn.utils.parametrize.is_parametrized(m) for m in model.modules())  # original untouched
 
 
-def _period_samples(x: np.ndarray, min_lag: int, max_lag: int) -> int:
-    x = x - x.mean()
-    ac = np.correlate(x, x, "full")[x.size - 1:]
-    return int(np.argmax(ac[min_lag:max_lag]) + min_lag)
-
-
-@pytest.mark.parametrize("f0_hz", [100.0, 160.0, 250.0])
-def test_nsf_source_pitch_follows_f0(model, f0_hz):
-    n_frames = 40  # 0.4 s at 100 Hz
-    f0 = torch.full((1, n_frames), f0_hz)
-    noise = torch.randn(1, 160 * n_frames, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        src = model.source_signal(f0, noise)[0].numpy()
-    period = _period_samples(src, 40, 400)  # 40..400 Hz
-    assert abs(16000 / period - f0_hz) / f0_hz < 0.02
-
-
-def test_nsf_source_is_noise_when_unvoiced(model):
-    noise = torch.randn(1, 160 * 20, generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        src = model.source_signal(torch.zeros(1, 20), noise)[0].numpy()
-        voiced = model.source_signal(torch.full((1, 20), 150.0), noise)[0].numpy()
-    # unvoiced: (DC of the merge) + noise * sine_amp / 3, uncorrelated from sample to sample
-    x = src - src.mean()
-    assert abs(np.corrcoef(x[:-1], x[1:])[0, 1]) < 0.1
-    assert np.std(x) == pytest.approx(SMALL.sine_amp / 3, rel=0.1)
-    assert not np.allclose(voiced, src)
-
-
-def test_nsf_phase_is_continuous_across_chunks(model):
-    """The source chunked through forward_stream equals the source of the whole run (the phase lives
-    in the state): checked through the generator output with an F0 glide."""
+def test_phase_is_continuous_across_chunks(model):
+    """The harmonics chunked through forward_stream equal those of the whole run (the phase lives in the
+    state): checked through the generator output with an F0 glide."""
     units, _, spk, noise = _inputs(SMALL, frames=8, batch=1)
     f0 = torch.linspace(90, 310, 16)[None]
     with torch.no_grad():
@@ -188,7 +158,9 @@ def test_nsf_phase_is_continuous_across_chunks(model):
 def onnx_path(model, tmp_path_factory):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")  # torch.onnx.export needs it
-    return export_onnx(model, tmp_path_factory.mktemp("voc") / "vocoder.onnx")
+    from rtanon.train.export import export_vocoder_onnx
+
+    return export_vocoder_onnx(model, tmp_path_factory.mktemp("voc") / "vocoder.onnx")
 
 
 def _chunked_backend(backend, units, f0, spk, noise, frames_per_call):
@@ -196,7 +168,7 @@ def _chunked_backend(backend, units, f0, spk, noise, frames_per_call):
     outs = []
     for s in range(0, units.shape[1], frames_per_call):
         e = s + frames_per_call
-        out, state = backend.step(units[:, s:e], f0[:, 2 * s:2 * e], spk, noise[:, HOP_SAMPLES * s:HOP_SAMPLES * e],
+        out, state = backend.step(units[:, s:e], f0[:, 2 * s:2 * e], spk, noise[:, FRAME_SAMPLES * s:FRAME_SAMPLES * e],
                                   state)
         outs.append(out)
     return np.concatenate(outs, axis=1)
@@ -291,7 +263,7 @@ def test_vocoder_stream_hides_state_and_matches_offline(model, onnx_path):
     noise = np.random.default_rng(7)
     noise = np.concatenate([noise.standard_normal((1, 640), dtype=np.float32) for _ in range(FRAMES // 2)], axis=1)
     offline, _ = backend.step(units, f0, spk, noise, backend.init_state(1))
-    assert chunked.shape == (HOP_SAMPLES * FRAMES,) and chunked.dtype == np.float32
+    assert chunked.shape == (FRAME_SAMPLES * FRAMES,) and chunked.dtype == np.float32
     np.testing.assert_allclose(chunked, offline[0], atol=PARITY_ATOL, rtol=0)
     stream.reset()
     again = stream.process(units[0, :2], f0[0, :4])
@@ -303,7 +275,7 @@ def test_vocoder_stream_hides_state_and_matches_offline(model, onnx_path):
 def test_bench_prints_figures(capsys):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from rtanon.neural.bench_vocoder import main
+    from rtanon.train.bench_vocoder import main
 
     main(["--iters", "3", "--reference-reps", "1", "--config", '{"initial_channels": 16, "units_dim": 8, "speaker_dim": 4}'])
     out = capsys.readouterr().out

@@ -1,21 +1,30 @@
 """rtanon: real-time voice anonymizer.
 
-Map of the package:
+Map of the package. What ships (the run time):
 
 - ``rtanon.engine``: ``Anonymizer`` (shared: method, models, config) and
   ``Session`` (per stream: every buffer, stage state and counter).
-- ``rtanon.config``: configuration dataclasses with ``validate()``.
-- ``rtanon.methods``: the method registry (``mcadams``; more to come).
+- ``rtanon.config``: configuration dataclasses with ``validate()``;
+  ``rtanon.constants``: the sample rate, the 10 ms hop and the 20 ms frame.
+- ``rtanon.methods``: the method registry: ``mcadams`` and ``neural``.
 - ``rtanon.stages``: streaming stages with one contract (``process``,
-  ``reset``, ``hop``, ``latency_samples``): ``vad``, ``mcadams``.
-- ``rtanon.audio_io``: files in/out, streamed and written atomically.
-- ``rtanon.live``: the real-time loop (PortAudio callback + worker thread).
-- ``rtanon.pulse``: PulseAudio/PipeWire virtual microphone and a private test daemon.
-- ``rtanon.bench``: latency and compute benchmarks.
-- ``rtanon.kaldi``: Kaldi-style data directories.
+  ``reset``, ``hop``, ``latency_samples``): ``vad``, ``mcadams``,
+  ``allpass``, ``neural``.
+- ``rtanon.content``: the causal content encoder's ONNX stream.
+- ``rtanon.neural``: the neural method's vocoder and its backends.
 - ``rtanon.f0``: streaming F0 tracker (C++ and Numba kernels) and pitch conversion.
-- ``rtanon.cli``: the ``rtanon`` command.
+- ``rtanon.identity``: pseudo-speakers (pool, selection, GMM generation).
+- ``rtanon.audio_io``: files in/out, streamed and written atomically;
+  ``rtanon.kaldi``, ``rtanon.corpus``: Kaldi-style corpora.
+- ``rtanon.live``: the real-time loop (PortAudio callback + worker thread);
+  ``rtanon.pulse``: PulseAudio/PipeWire virtual microphone and a private test daemon.
+- ``rtanon.bench``: latency and compute benchmarks; ``rtanon.eval``: privacy
+  and utility evaluation.
+- ``rtanon.cli``, ``rtanon.commands``: the ``rtanon`` command.
 - ``rtanon._core``: native kernels (C++, pybind11): ``RingBuffer``, ``F0Kernel``.
+
+What trains the models lives apart, in ``rtanon.train`` (``rtanon train`` and
+``rtanon lab``); nothing above imports it.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.signal import correlate
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.constants import SAMPLE_RATE_HZ
 
 
 def max_xcorr(a: np.ndarray, b: np.ndarray) -> float:

@@ -230,26 +230,26 @@ def bench_streams(anonymizer: Anonymizer, max_streams: int = 64, calls: int = 20
     of the former, so ``max_realtime_streams`` is the largest real-time batch found, not only a power of
     two. Only the vocoder is batched: each session's content encoder and F0 tracker run on the CPU
     either way (see the per-stage figures of ``bench_compute``). ``clock``: nanoseconds (for tests)."""
-    from rtanon.neural.rates import HOP_SAMPLES
+    from rtanon.constants import FRAME_SAMPLES
 
     if anonymizer.config.method != "neural":
         raise ValueError("--streams measures the neural method's vocoder; use --method neural")
     backend = anonymizer.method.model.backend
     vcfg = anonymizer.method.model.vocoder_config
-    k = int(vcfg.get("units_dim", 128)) + int(vcfg.get("input_mel_bins", 0))
-    s_dim = int(vcfg.get("speaker_dim", 256))
-    frame_ms = 1000.0 * HOP_SAMPLES / SAMPLE_RATE_HZ
+    k = vcfg.units_dim
+    s_dim = vcfg.speaker_dim
+    frame_ms = 1000.0 * FRAME_SAMPLES / SAMPLE_RATE_HZ
     rng = np.random.default_rng(0)
 
     def timed(b: int) -> dict:
-        units = rng.dirichlet(np.full(k, 0.1), size=(b, 1)).astype(np.float32)
+        units = rng.standard_normal((b, 1, k), dtype=np.float32)
         f0 = np.full((b, 2), 140.0, np.float32)
         spk = rng.standard_normal((b, s_dim)).astype(np.float32)
         spk /= np.linalg.norm(spk, axis=1, keepdims=True)
         state = backend.init_state(b)
         ns = []
         for i in range(calls + WARMUP_CHUNKS):
-            noise = rng.standard_normal((b, HOP_SAMPLES), dtype=np.float32)
+            noise = rng.standard_normal((b, FRAME_SAMPLES), dtype=np.float32)
             t0 = clock()
             _, state = backend.step(units, f0, spk, noise, state)
             if i >= WARMUP_CHUNKS:

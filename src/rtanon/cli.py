@@ -1,5 +1,9 @@
-"""The ``rtanon`` command line. Each subcommand lives in ``rtanon.commands.<name>``
-with ``register(subparsers)``; heavy imports happen inside the command."""
+"""The ``rtanon`` command line: the one entry point for users and researchers.
+
+Each subcommand is a module with ``register(subparsers)``; heavy imports happen inside the command.
+Run-time commands live in ``rtanon.commands``; ``train`` (model recipes) and ``lab`` (research tools)
+live in ``rtanon.train.commands``, the training package, which only this list names: registering them
+imports argparse code only, and nothing of the run time imports ``rtanon.train``."""
 
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ from rtanon import __version__
 
 #: Subcommand modules, in the order ``rtanon --help`` lists them.
 COMMANDS = [
-    "demo", "devices", "live", "file", "anonymize_dir", "virtual_device", "bench",
-    "identity", "pool", "f0", "f0_bench", "eval", "train",
+    *(f"rtanon.commands.{name}" for name in (
+        "demo", "devices", "live", "file", "anonymize_dir", "virtual_device", "bench",
+        "identity", "pool", "f0", "f0_bench", "eval")),
+    "rtanon.train.commands.train", "rtanon.train.commands.lab",
 ]
 
 
@@ -26,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rtanon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"rtanon.commands.{name}").register(sub)
+    for module in COMMANDS:
+        importlib.import_module(module).register(sub)
     return parser
 
 

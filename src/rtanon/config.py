@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: Internal sample rate of every stage: 16 kHz mono float32 in [-1, 1].
-SAMPLE_RATE_HZ = 16_000
+from rtanon.constants import SAMPLE_RATE_HZ  # noqa: F401  (the stream format's rate; defined once there)
+
 #: Chunk sizes the engine accepts, in ms (webrtcvad works on 10 ms frames).
 ALLOWED_CHUNK_MS = (10, 20, 30, 40)
 
@@ -123,10 +123,6 @@ class NeuralConfig:
     #: torch backend on CUDA: replay the streaming step as a captured CUDA graph (about 6x faster per step
     #: at batch 1 on an H100; off only to measure that)
     cuda_graphs: bool = True
-    #: vocoders with the input's log-mel as a second input (``input_mel_bins``): read it through a
-    #: vocal-tract-length warp and tilt drawn from the pseudo-speaker (as training draws them per segment),
-    #: so where the user's formants sit does not pass as it is; off only to measure what that hides
-    input_warp: bool = True
 
     def validate(self) -> None:
         if not 0.0 <= self.max_gain_db <= 40.0:
@@ -153,14 +149,18 @@ class NeuralConfig:
             raise ConfigError(f"vocoder {self.vocoder_checkpoint}: the torch backend loads a generator.pt "
                               "checkpoint; an ONNX graph needs --backend onnxruntime or tensorrt")
         if self.content_onnx and not str(self.content_onnx).endswith(".onnx"):
-            raise ConfigError(f"content encoder {self.content_onnx}: give the ONNX graph that `python -m "
-                              "rtanon.content.export` writes (a .onnx file)")
+            raise ConfigError(f"content encoder {self.content_onnx}: give the ONNX graph that `rtanon lab "
+                              "export-content` writes (a .onnx file)")
+
+
+#: The anonymization methods, in the order the CLI lists them; :mod:`rtanon.methods` registers one class each.
+METHOD_NAMES = ("mcadams", "neural")
 
 
 @dataclass(frozen=True)
 class AnonymizerConfig:
-    """Everything an Anonymizer is built from. ``method`` names an entry of
-    :data:`rtanon.methods.METHODS`."""
+    """Everything an Anonymizer is built from. ``method`` is one of :data:`METHOD_NAMES` (the registry
+    :data:`rtanon.methods.METHODS` builds each)."""
 
     method: str = "mcadams"
     #: random all-pass sections after the method (per session; 0 turns it off):
@@ -172,10 +172,8 @@ class AnonymizerConfig:
     neural: NeuralConfig = field(default_factory=NeuralConfig)
 
     def validate(self) -> None:
-        from rtanon.methods import METHODS  # late import: methods import this module
-
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown method {self.method!r}; choose one of {sorted(METHODS)}")
+        if self.method not in METHOD_NAMES:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {sorted(METHOD_NAMES)}")
         if not 0 <= self.allpass_sections <= 32:
             raise ConfigError(f"allpass_sections={self.allpass_sections}; use 0 (off) to 32")
         self.stream.validate()

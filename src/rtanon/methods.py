@@ -14,7 +14,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ, AnonymizerConfig
+from rtanon.config import METHOD_NAMES, AnonymizerConfig
+from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.stages import Stage
 
 
@@ -94,3 +95,4 @@ METHODS: dict[str, Callable[[AnonymizerConfig], Method]] = {
     "mcadams": McAdamsMethod,
     "neural": NeuralMethod,
 }
+assert tuple(METHODS) == METHOD_NAMES, "register every method of rtanon.config.METHOD_NAMES here, in order"

@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from rtanon.config import ALLOWED_CHUNK_MS, AnonymizerConfig, NeuralConfig, StreamConfig
+from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, AnonymizerConfig, NeuralConfig, StreamConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    from rtanon.methods import METHODS
-
     default = AnonymizerConfig()
-    p.add_argument("--method", default=default.method, choices=sorted(METHODS),
+    p.add_argument("--method", default=default.method, choices=METHOD_NAMES,
                    help=f"anonymization method (default: {default.method})")
     p.add_argument("--chunk-ms", type=int, default=default.stream.chunk_ms, choices=ALLOWED_CHUNK_MS,
                    help=f"processing chunk in ms; also the buffering delay (default: {default.stream.chunk_ms})")
@@ -20,8 +18,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=n.backend, choices=("onnxruntime", "torch", "tensorrt"),
                    help=f"neural method: what runs the vocoder (default: {n.backend}; torch needs the [neural] "
                         "extra, tensorrt an NVIDIA GPU with TensorRT)")
-    p.add_argument("--device", dest="neural_device", default=n.device, choices=("cpu", "cuda", "auto"),
-                   help=f"neural method: vocoder device (default: {n.device})")
+    p.add_argument("--accelerator", default=n.device, choices=("cpu", "cuda", "auto"),
+                   help=f"neural method, --backend torch: where the vocoder runs (default: {n.device}; audio "
+                        "devices are --input/--output)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="neural method, --backend torch on CUDA: run the vocoder step eagerly instead of replaying "
                         "it as a captured CUDA graph (slower; for measuring what the graphs save)")
@@ -29,8 +28,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="neural method: other vocoder weights than the shipped ones, as `rtanon train vocoder` "
                         "writes them: OUT/vocoder.onnx (onnxruntime, tensorrt) or OUT/generator.pt (torch)")
     p.add_argument("--content", metavar="FILE", default=None,
-                   help="neural method: another content encoder than the shipped one (the .onnx that `python -m "
-                        "rtanon.content.export` writes); the vocoder must have been trained on its output "
+                   help="neural method: another content encoder than the shipped one (the .onnx that `rtanon lab "
+                        "export-content` writes); the vocoder must have been trained on its output "
                         "(`rtanon train vocoder --content-onnx FILE`)")
 
 
@@ -62,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
     weights = {}
     if vocoder:
         weights = {"vocoder_checkpoint": vocoder} if backend == "torch" else {"vocoder_onnx": vocoder}
-    neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "neural_device", NeuralConfig.device),
+    neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "accelerator", NeuralConfig.device),
                      cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs),
                      content_onnx=getattr(args, "content", None), **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),

@@ -1,22 +1,8 @@
-"""Causal content encoder: soft speech units at 50 Hz, distilled from Whisper.
+"""The causal content encoder at run time: its projections ``z`` at 50 Hz, distilled from Whisper.
 
-Map of the subpackage:
+- ``stream``: ``ContentEncoderModel`` (shared ONNX Runtime session over the shipped graph or another one)
+  and ``ContentEncoderStage`` (per-session stream, the stage contract). Needs only numpy and onnxruntime.
 
-- ``model``: the torch network (``ContentEncoder``) with its log-mel front end
-  inside the graph and every recurrent/convolution state passed in and out
-  explicitly (``init_state()`` / ``forward(audio, *state)``), and
-  ``ContentModelConfig``.
-- ``features``: teacher side (Whisper tiny.en via CTranslate2, k-means units)
-  and the on-disk cache used by training. Needs the ``[train]`` extra.
-- ``train``: the training recipe behind ``rtanon train content``.
-- ``export``: torch checkpoint to ONNX with explicit state inputs/outputs.
-- ``stream``: ``ContentEncoderModel`` (shared ONNX session) and
-  ``ContentEncoderStage`` (per-session stream, the stage contract). Needs only
-  numpy and onnxruntime.
-- ``bench``: per-chunk compute time of the ONNX streaming encoder
-  (``python -m rtanon.content.bench``).
-- ``evaluate``: teacher agreement and speaker-information figures on a
-  held-out Kaldi directory.
-
-Nothing heavy is imported here.
+The torch network, its teacher, training, evaluation and export live in :mod:`rtanon.train`; see
+``models/content/MODEL_CARD.md``. Nothing heavy is imported here.
 """

@@ -8,8 +8,8 @@ tensors and the not-yet-complete 20 ms frame of samples.
 
 Stage contract (see ``rtanon.stages``): ``process(chunk)`` takes ``hop``
 float32 samples at 16 kHz in [-1, 1] and returns the 50 Hz frames completed
-by this chunk, ``(n, K)`` float32 soft units (rows sum to 1; or ``(n, D)``
-projections with ``output="z"``); n is 0 or 1 for 10 ms chunks, 1 for 20 ms,
+by this chunk, ``(n, D)`` float32 unit-space projections ``z`` (what the
+vocoder reads); n is 0 or 1 for 10 ms chunks, 1 for 20 ms,
 2 for 40 ms (30 ms alternates 1 and 2). The result does not depend on the
 chunk size: frame ``i`` always depends on samples ``[0, 320 (i + 1 + L))``
 only, ``L`` the model's ``lookahead_frames`` (stored in the graph's metadata,
@@ -31,11 +31,11 @@ from typing import Iterator
 
 import numpy as np
 
-from rtanon.content.config import FRAME_SAMPLES, SAMPLE_RATE_HZ
+from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES, SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
 
 PACKAGED_ONNX = "content_encoder.onnx"
-#: ONNX metadata key of the model config (written by ``rtanon.content.export``)
+#: ONNX metadata key of the model config (written by ``rtanon.train.export``)
 CONFIG_METADATA_KEY = "rtanon_content_config"
 
 
@@ -55,40 +55,13 @@ def _ort():
     return onnxruntime
 
 
-#: Eq. 1 temperature the shipped content encoder was trained with.
-TRAINED_TEMPERATURE = 0.1
-
-
-def sharpen_units(probs: np.ndarray, temperature: float | None) -> np.ndarray:
-    """Soft units ``(n, K)`` at :data:`TRAINED_TEMPERATURE` -> the same at ``temperature`` (float32):
-    ``p ** (0.1 / t)`` renormalised per frame, i.e. Eq. 1 with a lower temperature. None: unchanged."""
-    if temperature is None or temperature == TRAINED_TEMPERATURE:
-        return probs
-    p = np.power(np.maximum(np.asarray(probs, np.float32), 0.0), TRAINED_TEMPERATURE / temperature)
-    return (p / np.maximum(p.sum(axis=-1, keepdims=True), 1e-30)).astype(np.float32)
-
-
 @dataclass
 class ContentStreamConfig:
-    """``output``: "probs" (soft units, (n, K)) or "z" (unit-space projections, (n, D)).
+    """``threads``: ONNX Runtime intra-op threads (1 on the live path)."""
 
-    ``temperature``: the Eq. 1 temperature of the soft units returned. The graph was trained at
-    :data:`TRAINED_TEMPERATURE` (0.1); a lower value sharpens them after the fact (``p ** (0.1 / t)``,
-    renormalised: :func:`sharpen_units`), which leaves the top unit unchanged and removes speaker
-    information (so762_train speakers, pooled-unit speaker-ID: 0.477 at 0.1, 0.379 at 0.05, 0.303 at
-    0.025; ``python -m rtanon.content.evaluate --shards``). The neural method uses the temperature its
-    vocoder was trained on (0.05). None means the trained value."""
-
-    output: str = "probs"
     threads: int = 1
-    temperature: float | None = None
 
     def validate(self) -> None:
-        if self.output not in ("probs", "z"):
-            raise ValueError(f"output={self.output!r}: use 'probs' (soft units) or 'z' (projections)")
-        if self.temperature is not None and not 0.005 <= self.temperature <= TRAINED_TEMPERATURE:
-            raise ValueError(f"temperature={self.temperature}: use 0.005 to {TRAINED_TEMPERATURE} (sharpening "
-                             "only), or None for the trained value")
         if self.threads < 1:
             raise ValueError(f"threads={self.threads}: use 1 (live path) or more")
 
@@ -116,8 +89,6 @@ class ContentEncoderModel:
             raise ValueError(f"{onnx_path}: not a content-encoder graph (first input {inputs[0].name!r})")
         self.state_names = [i.name for i in inputs[1:]]
         self.state_shapes = [tuple(1 if not isinstance(d, int) else d for d in i.shape) for i in inputs[1:]]
-        outs = [o.name for o in self.session.get_outputs()]
-        self._out_index = outs.index(self.config.output)
         self.n_units = int(self.session.get_outputs()[0].shape[-1])
         self.unit_dim = int(self.session.get_outputs()[1].shape[-1])
         raw = self.session.get_modelmeta().custom_metadata_map.get(CONFIG_METADATA_KEY)
@@ -126,8 +97,8 @@ class ContentEncoderModel:
 
     @property
     def output_dim(self) -> int:
-        """Width of what ``encode`` and the streams return: K for "probs", D for "z"."""
-        return self.n_units if self.config.output == "probs" else self.unit_dim
+        """Width D of what ``encode`` and the streams return (the projections ``z``)."""
+        return self.unit_dim
 
     def init_state(self) -> list[np.ndarray]:
         return [np.zeros(s, dtype=np.float32) for s in self.state_shapes]
@@ -149,9 +120,8 @@ class ContentEncoderModel:
         return probs[self.lookahead_frames:], z[self.lookahead_frames:]
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
-        """Offline: a whole utterance -> (floor(len/320), K or D), the stream's output (see ``analyze``)."""
-        probs, z = self.analyze(audio)
-        return sharpen_units(probs, self.config.temperature) if self.config.output == "probs" else z
+        """Offline: a whole utterance -> ``z`` (floor(len/320), D), the stream's output (see ``analyze``)."""
+        return self.analyze(audio)[1]
 
     def open_stream(self, hop: int) -> "ContentEncoderStage":
         return ContentEncoderStage(self, hop)
@@ -161,8 +131,8 @@ class ContentEncoderStage:
     """Per-session streaming content encoder (stage contract; see the module docstring)."""
 
     def __init__(self, model: ContentEncoderModel, hop: int) -> None:
-        if hop <= 0 or hop % 160:
-            raise ValueError(f"hop={hop}: use a multiple of 160 samples (10 ms at {SAMPLE_RATE_HZ} Hz)")
+        if hop <= 0 or hop % HOP_SAMPLES:
+            raise ValueError(f"hop={hop}: use a multiple of {HOP_SAMPLES} samples (10 ms at {SAMPLE_RATE_HZ} Hz)")
         self.model = model
         self._hop = hop
         self._dim = model.output_dim
@@ -183,15 +153,15 @@ class ContentEncoderStage:
         self._skip = self.model.lookahead_frames  # the network's first L outputs belong to no frame
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
-        """``hop`` float32 samples (16 kHz) -> (n, K) float32 soft units of the frames completed now."""
+        """``hop`` float32 samples (16 kHz) -> (n, D) float32 projections ``z`` of the frames completed now."""
         check_chunk(chunk, self._hop, "ContentEncoderStage.process")
         buf = np.concatenate([self._pending, chunk]) if len(self._pending) else chunk
         n = (len(buf) // FRAME_SAMPLES) * FRAME_SAMPLES
         self._pending = buf[n:].copy()
         if n == 0:
             return np.zeros((0, self._dim), dtype=np.float32)
-        probs, z, self._state = self.model.run(np.ascontiguousarray(buf[:n]), self._state)
+        _, z, self._state = self.model.run(np.ascontiguousarray(buf[:n]), self._state)
         if self._skip:
-            drop = min(self._skip, probs.shape[0])
-            probs, z, self._skip = probs[drop:], z[drop:], self._skip - drop
-        return sharpen_units(probs, self.model.config.temperature) if self.model.config.output == "probs" else z
+            drop = min(self._skip, z.shape[0])
+            z, self._skip = z[drop:], self._skip - drop
+        return z

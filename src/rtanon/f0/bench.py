@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.f0.config import HOP_SAMPLES, F0Config
 
 F0_MIN_HZ, F0_MAX_HZ = 60.0, 400.0

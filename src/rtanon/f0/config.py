@@ -14,10 +14,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ, ConfigError
+from rtanon.config import ConfigError
+from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ  # noqa: F401  (HOP_SAMPLES: the tracker's frame hop)
 
 #: Frame hop of the tracker: 10 ms at 16 kHz. Frame k is centred at sample k * HOP_SAMPLES.
-HOP_SAMPLES = SAMPLE_RATE_HZ // 100
 #: The kernels analyse the band-passed signal at 8 kHz (NCCF) and 4 kHz (spectrum).
 _RATE8_HZ = SAMPLE_RATE_HZ // 2
 _RATE4_HZ = SAMPLE_RATE_HZ // 4

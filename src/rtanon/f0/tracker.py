@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.constants import HOP_RATE_HZ, SAMPLE_RATE_HZ
 from rtanon.f0.config import HOP_SAMPLES, F0Config, derive
 from rtanon.stages.base import check_chunk
 
 KERNELS = ("auto", "cpp", "numba")
-#: F0 frames per second (frame k centred at k / FRAME_RATE_HZ seconds).
-FRAME_RATE_HZ = SAMPLE_RATE_HZ // HOP_SAMPLES
 
 
 def cpp_available() -> bool:
@@ -128,4 +126,4 @@ def track(signal: np.ndarray, config: F0Config | None = None, kernel: str = "aut
 
 def frame_times_s(n_frames: int) -> np.ndarray:
     """Centre times (s) of frames 0..n_frames-1: ``k * 0.01``."""
-    return np.arange(n_frames) / FRAME_RATE_HZ
+    return np.arange(n_frames) / HOP_RATE_HZ  # frame k centred at k / 100 s

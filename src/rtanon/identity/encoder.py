@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.constants import SAMPLE_RATE_HZ
 
 #: Install hint for the default encoder (resemblyzer pins old dependency ranges,
 #: so it is installed without them and its real needs are listed explicitly).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.constants import SAMPLE_RATE_HZ
 
 F0_FLOOR_HZ = 60.0
 F0_CEIL_HZ = 600.0

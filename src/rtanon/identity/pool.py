@@ -143,7 +143,7 @@ class SpeakerPool:
 def _speaker_stats(encoder, wavs: list, tracker: str, f0_max_seconds: float) -> tuple[list, np.ndarray]:
     """Utterance embeddings and voiced F0 values (Hz) of one speaker's files."""
     from rtanon.audio_io import read_audio
-    from rtanon.config import SAMPLE_RATE_HZ
+    from rtanon.constants import SAMPLE_RATE_HZ
     from rtanon.identity.pitch import track_f0_hz
 
     embs, voiced, f0_seconds = [], [], 0.0

@@ -38,7 +38,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from rtanon.neural.rates import HOP_SAMPLES
+from rtanon.constants import FRAME_SAMPLES
 
 
 class BackendUnavailable(RuntimeError):
@@ -153,7 +153,7 @@ def torch_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BackendUnavailable("CUDA is not available to PyTorch here; install a CUDA build of torch "
-                                 "and an NVIDIA driver, or use --device cpu")
+                                 "and an NVIDIA driver, or use --accelerator cpu")
     return device
 
 
@@ -281,7 +281,7 @@ class TensorRtBackend:
             shape = list(t.shape)
 
             def dims(batch: int, frames: int) -> tuple[int, ...]:
-                per_frame = {"units": None, "f0_hz": 2, "noise": HOP_SAMPLES}
+                per_frame = {"units": None, "f0_hz": 2, "noise": FRAME_SAMPLES}
                 out = []
                 for k, d in enumerate(shape):
                     if k == 0:
@@ -332,7 +332,7 @@ def _make_onnxruntime(onnx_path=None, device="cpu", threads=1, **_):
 
 def _make_torch(model=None, device="cpu", cuda_graphs=True, threads=None, **_):
     if model is None:
-        raise ValueError("the torch backend needs model= (a CausalNsfHifiGan)")
+        raise ValueError("the torch backend needs model= (a HarmonicNoiseVocoder)")
     return TorchBackend(model, device=device, cuda_graphs=cuda_graphs, threads=threads)
 
 
@@ -369,7 +369,7 @@ class VocoderStream:
     the speaker. The vocoder adds no algorithmic latency beyond its 20 ms frame.
     """
 
-    hop_samples = HOP_SAMPLES
+    hop_samples = FRAME_SAMPLES
     latency_samples = 0
 
     def __init__(self, backend: VocoderBackend, speaker: np.ndarray, rng: np.random.Generator) -> None:
@@ -389,7 +389,7 @@ class VocoderStream:
             raise ValueError(f"expected units (L, K) at 50 Hz and f0_hz (2L,) at 100 Hz, got {units.shape} "
                              f"and {f0_hz.shape}")
         n = units.shape[0]
-        noise = self._rng.standard_normal((1, HOP_SAMPLES * n), dtype=np.float32)
+        noise = self._rng.standard_normal((1, FRAME_SAMPLES * n), dtype=np.float32)
         audio, self._state = self._backend.step(units[None].astype(np.float32, copy=False),
                                                 f0_hz[None].astype(np.float32, copy=False),
                                                 self._speaker, noise, self._state)

@@ -1,20 +1,14 @@
-"""Causal HiFi-GAN vocoder with a harmonic-plus-noise source and explicit streaming state.
+"""The neural method's vocoder: harmonic-plus-noise synthesis from predicted spectral envelopes, refined by
+a causal HiFi-GAN upsampling stack, with explicit streaming state.
 
-The generator of HiFi-GAN (Kong et al. 2020: transposed-convolution
-upsampling, each followed by a multi-receptive-field fusion of residual
-blocks), made causal, conditioned the SSL-SAS way (Miao et al. 2022,
-Sec. 3.4) on content, F0 and a speaker vector, and driven by a
-harmonic-plus-noise source built from the F0, so that the output pitch
-follows the given F0 exactly. Two sources (``VocoderConfig.source_type``):
-
-- ``"envelope"`` (the shipped model): a 50 Hz pre-net predicts, per 10 ms,
-  a harmonic and a noise spectral envelope; :class:`EnvelopeSynth` renders
-  them as harmonics of the F0 plus filtered noise (DDSP / neural homomorphic
-  vocoder style). That speech feeds the upsampling stack as its excitation,
-  and the stack adds a learnt residual to it (zero at initialisation).
-- ``"nsf"``: the fixed NSF sine-plus-noise excitation (Wang & Yamagishi)
-  whose waveform the stack turns into speech on its own (the first CPU run's
-  model; it did not become intelligible in 10k CPU steps).
+A 50 Hz pre-net reads the content (the content encoder's projections ``z``) and the speaker vector and
+predicts, per 10 ms, a harmonic and a noise spectral envelope; :class:`EnvelopeSynth` renders them as
+harmonics of the given F0 plus filtered noise (DDSP / neural homomorphic vocoder style), so the pitch is
+exactly the F0 asked for and the formants stay where the envelopes put them. That speech feeds the
+generator of HiFi-GAN (Kong et al. 2020: transposed-convolution upsampling, each followed by a
+multi-receptive-field fusion of residual blocks), made causal and conditioned the SSL-SAS way (Miao et
+al. 2022, Sec. 3.4) on the F0 and the speaker, as its excitation; the stack adds a learnt residual to it
+(zero at initialisation).
 
 Rates: 50 Hz conditioning frames, 16 kHz audio, x320 in total. With the
 default ``upsample_rates=(2, 5, 4, 4, 2)`` the stages run at 100 Hz, 500 Hz,
@@ -23,15 +17,11 @@ default ``upsample_rates=(2, 5, 4, 4, 2)`` the stages run at 100 Hz, 500 Hz,
 
 Inputs of one call (``L`` frames of 20 ms; ``B`` sessions):
 
-- ``units``: ``(B, L, K)`` float32, soft content units at 50 Hz (a K-dim
-  distribution per frame; any float features work), or the content
-  encoder's projections ``z``; with ``input_mel_bins = M > 0`` followed by
-  the input's own log-mel frame (``(B, L, K + M)``,
-  :mod:`rtanon.neural.input_mel`).
+- ``units``: ``(B, L, D)`` float32, the content encoder's projections ``z`` at 50 Hz.
 - ``f0_hz``: ``(B, 2L)`` float32, F0 in Hz at 100 Hz, 0 where unvoiced.
 - ``speaker``: ``(B, S)`` float32, the pseudo-speaker embedding (S = 256),
   fixed for a session.
-- ``noise``: ``(B, 320 L)`` float32, standard-normal noise for the NSF noise
+- ``noise``: ``(B, 320 L)`` float32, standard-normal noise for the noise
   branch. It is an input (as in RVC's ONNX export) so that the graph is
   deterministic and chunked output equals offline output exactly; the
   per-session stream draws it from the session's random generator.
@@ -41,7 +31,7 @@ Output: ``(B, 320 L)`` float32 audio at 16 kHz in (-1, 1) (tanh).
 Streaming (KoeAI/LLVC style): ``init_state(batch)`` returns the state tuple,
 ``forward_stream(units, f0_hz, speaker, noise, *state)`` returns
 ``(audio, *new_state)``; the same graph exports to ONNX with the state as
-explicit inputs and outputs (:func:`export_onnx`). ``forward`` is the offline
+explicit inputs and outputs (``rtanon.train.export``). ``forward`` is the offline
 call: ``forward_stream`` on the whole utterance from the zero state, so the
 output of any chunking equals it up to float rounding. Every layer is causal
 and the model has no lookahead: its algorithmic latency is 0 beyond the 20 ms
@@ -49,31 +39,28 @@ frame itself.
 
 State layout: every stateful layer owns a *slot* ``(channels, length)``:
 the last ``(kernel - 1) * dilation`` inputs of a causal convolution, the
-``rate`` overlap-add tail of a transposed convolution, the NSF source history
-(160 samples) and the NSF phase (one value: an integer below 2**24 in units of
+``rate`` overlap-add tail of a transposed convolution, the source history
+(160 samples) and the harmonic phase (one value: an integer below 2**24 in units of
 2**-24 cycles, exact in float32). Slots with the same channel count are
 concatenated along time into one tensor ``(B, channels, total_length)``; the
 state tuple has one tensor per distinct channel count, in ascending channel
-order (:attr:`CausalNsfHifiGan.state_shapes`).
+order (:attr:`HarmonicNoiseVocoder.state_shapes`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import warnings
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rtanon.config import SAMPLE_RATE_HZ
-from rtanon.neural.config import VocoderConfig  # noqa: F401  (re-exported)
-from rtanon.neural.rates import F0_HOP_SAMPLES, FRAME_RATE_HZ, F0_RATE_HZ, HOP_SAMPLES  # noqa: F401
+from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES, SAMPLE_RATE_HZ
+from rtanon.neural.config import VocoderConfig
 
-#: NSF phase resolution: phases are integers modulo 2**PHASE_BITS (cycles * 2**PHASE_BITS).
+
+#: Harmonic phase resolution: phases are integers modulo 2**PHASE_BITS (cycles * 2**PHASE_BITS).
 PHASE_BITS = 24
 _PHASE_ONE = 1 << PHASE_BITS
 
@@ -160,55 +147,13 @@ def _running_phase(f0: torch.Tensor, phase_state: torch.Tensor) -> tuple[torch.T
     chunking gives bit-identical phases; the carried phase is an integer below 2**24, exact in float32."""
     b = f0.shape[0]
     inc = torch.round(f0 * (_PHASE_ONE / SAMPLE_RATE_HZ)).to(torch.int64)  # (B, F) per sample
-    adv = inc * F0_HOP_SAMPLES  # phase advance over one F0 frame
+    adv = inc * HOP_SAMPLES  # phase advance over one F0 frame
     phase0 = phase_state.reshape(b, 1).to(torch.int64)
     cum = torch.cumsum(adv, dim=1)
     start = torch.remainder(phase0 + cum - adv, _PHASE_ONE)  # (B, F) phase at each frame start
     new = torch.remainder(phase0 + cum[:, -1:], _PHASE_ONE).to(f0.dtype).reshape(b, 1, 1)
-    j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64, device=f0.device)
+    j = torch.arange(HOP_SAMPLES, dtype=torch.int64, device=f0.device)
     return torch.remainder(start[:, :, None] + inc[:, :, None] * j, _PHASE_ONE), new
-
-
-class HarmonicSource(nn.Module):
-    """NSF harmonic-plus-noise excitation at 16 kHz from F0 at 100 Hz.
-
-    Harmonics ``h = 1..H`` of the F0 (those below Nyquist, voiced frames only)
-    from the running phase, scaled by ``sine_amp`` and merged by a learned
-    linear layer and tanh, plus Gaussian noise with std ``noise_std_voiced``
-    in voiced frames and ``sine_amp / 3`` in unvoiced ones.
-
-    The phase is integer arithmetic modulo 2**24 (int64 inside the graph):
-    the per-sample increment ``round(f0 / 16000 * 2**24)`` is constant over a
-    10 ms F0 frame, so any chunking gives bit-identical phases; the carried
-    phase is an integer below 2**24, exact in the float32 state.
-    """
-
-    def __init__(self, slots: _Slots, config: VocoderConfig) -> None:
-        super().__init__()
-        self.num_harmonics = config.num_harmonics
-        self.sine_amp = config.sine_amp
-        self.noise_std_voiced = config.noise_std_voiced
-        self.merge = nn.Conv1d(config.num_harmonics, 1, 1)
-        self.phase_slot = slots.add(1, 1)
-
-    def forward(self, f0_hz: torch.Tensor, noise: torch.Tensor, state: list[torch.Tensor],
-                new: list[torch.Tensor | None]) -> torch.Tensor:
-        """``f0_hz`` (B, F) at 100 Hz, ``noise`` (B, 160 F) -> source (B, 1, 160 F)."""
-        b, n_frames = f0_hz.shape
-        f0 = torch.clamp(f0_hz, min=0.0)
-        voiced = (f0 > 0.0).to(f0.dtype)  # (B, F)
-        p, new[self.phase_slot] = _running_phase(f0, state[self.phase_slot])  # (B, F, 160)
-        h = torch.arange(1, self.num_harmonics + 1, dtype=torch.int64, device=f0.device)
-        ph = torch.remainder(p[:, None, :, :] * h[None, :, None, None], _PHASE_ONE)  # (B, H, F, 160)
-        sines = torch.sin(ph.to(f0.dtype) * (2.0 * math.pi / _PHASE_ONE))
-        hf = h.to(f0.dtype)
-        below_nyquist = (f0[:, None, :] * hf[None, :, None] < SAMPLE_RATE_HZ / 2).to(f0.dtype)  # (B, H, F)
-        amp = (self.sine_amp * below_nyquist * voiced[:, None, :])[:, :, :, None]
-        harmonics = (sines * amp).reshape(b, self.num_harmonics, n_frames * F0_HOP_SAMPLES)
-        merged = torch.tanh(self.merge(harmonics))  # (B, 1, N)
-        std = self.noise_std_voiced * voiced + (self.sine_amp / 3.0) * (1.0 - voiced)  # (B, F)
-        std = std[:, :, None].expand(b, n_frames, F0_HOP_SAMPLES).reshape(b, 1, n_frames * F0_HOP_SAMPLES)
-        return merged + std * noise[:, None, :]
 
 
 def _hz_to_mel(f):
@@ -258,10 +203,10 @@ class EnvelopeSynth(nn.Module):
         hann = torch.hann_window(t, periodic=False, dtype=torch.float64)
         cos = weight[:, None] * torch.cos(2.0 * math.pi * b[:, None] * n[None, :] / t) / t * hann[None, :]
         self.register_buffer("fir_basis", cos.float(), persistent=False)  # (T/2+1, T)
-        j = torch.arange(F0_HOP_SAMPLES, dtype=torch.int64)
+        j = torch.arange(HOP_SAMPLES, dtype=torch.int64)
         self.register_buffer("tap_index", j[:, None] + torch.arange(t, dtype=torch.int64)[None, :],
                              persistent=False)  # (160, T)
-        self.register_buffer("ramp", (j.float() + 1.0) / F0_HOP_SAMPLES, persistent=False)
+        self.register_buffer("ramp", (j.float() + 1.0) / HOP_SAMPLES, persistent=False)
         self.phase_slot = slots.add(1, 1)
         self.amp_slot = slots.add(h, 1)
         self.fir_slot = slots.add(t, 1)
@@ -293,15 +238,15 @@ class EnvelopeSynth(nn.Module):
         new[self.fir_slot] = fir[:, -1:].transpose(1, 2)
         x = torch.cat((state[self.noise_slot][:, 0], noise), dim=1)  # (B, T - 1 + 160 F)
         new[self.noise_slot] = x[:, None, -(self.taps - 1):]
-        offsets = torch.arange(n_frames, dtype=torch.int64, device=f0.device) * F0_HOP_SAMPLES
+        offsets = torch.arange(n_frames, dtype=torch.int64, device=f0.device) * HOP_SAMPLES
         frames = x[:, offsets[:, None, None] + self.tap_index]  # (B, F, 160, T)
         y_cur = torch.einsum("bfnt,bft->bfn", frames, fir)
         y_prev = torch.einsum("bfnt,bft->bfn", frames, fir_prev)
         noisy = y_prev + (y_cur - y_prev) * self.ramp
-        return (harmonic + noisy).reshape(b, 1, n_frames * F0_HOP_SAMPLES)
+        return (harmonic + noisy).reshape(b, 1, n_frames * HOP_SAMPLES)
 
 
-class CausalNsfHifiGan(nn.Module):
+class HarmonicNoiseVocoder(nn.Module):
     """The generator. See the module docstring for shapes, rates and state."""
 
     def __init__(self, config: VocoderConfig) -> None:
@@ -314,27 +259,13 @@ class CausalNsfHifiGan(nn.Module):
         c0 = config.initial_channels
         self.conv_pre = CausalConv1d(slots, config.units_dim, c0, config.pre_kernel_size, 1, wn)
         self.spk_pre = nn.Linear(config.speaker_dim, c0)
-        if config.input_mel_bins:  # the input's spectral shape: fixed DCT to cepstra 1..C, then a causal conv
-            from rtanon.neural.input_mel import cepstral_matrix
-
-            self.register_buffer("input_dct", torch.from_numpy(
-                cepstral_matrix(config.input_mel_bins, config.input_cepstra)), persistent=False)
-            self.mel_in = CausalConv1d(slots, config.input_cepstra, c0, config.pre_kernel_size, 1, wn)
-        else:
-            self.mel_in = None
         self.prenet = nn.ModuleList(CausalConv1d(slots, c0, c0, 3, d, wn) for d in config.prenet_dilations)
-        # Two log-mel frames (100 Hz) per 50 Hz frame; training only (see forward_with_mel).
-        self.mel_head = nn.Conv1d(c0, 2 * config.aux_mel_bins, 1) if config.aux_mel_bins else None
-        self.envelope = config.source_type == "envelope"
-        if self.envelope:  # two 100 Hz frames of both envelopes per 50 Hz frame
-            m = config.envelope_points
-            self.env_head = nn.Conv1d(c0, 4 * m, 1)
-            with torch.no_grad():  # start quiet: harmonics about -40 dB, noise about -50 dB
-                self.env_head.weight.mul_(0.1)
-                self.env_head.bias.copy_(torch.tensor([-4.5] * m + [-5.5] * m).repeat(2))
-            self.source = EnvelopeSynth(slots, config)
-        else:
-            self.source = HarmonicSource(slots, config)
+        m = config.envelope_points  # two 100 Hz frames of both envelopes per 50 Hz frame
+        self.env_head = nn.Conv1d(c0, 4 * m, 1)
+        with torch.no_grad():  # start quiet: harmonics about -40 dB, noise about -50 dB
+            self.env_head.weight.mul_(0.1)
+            self.env_head.bias.copy_(torch.tensor([-4.5] * m + [-5.5] * m).repeat(2))
+        self.source = EnvelopeSynth(slots, config)
         self.ups = nn.ModuleList()
         self.spk_film = nn.ModuleList()
         self.source_convs = nn.ModuleList()
@@ -354,14 +285,13 @@ class CausalNsfHifiGan(nn.Module):
         self.source_slot = slots.add(1, self.source_history)
         self.f0_conv = CausalConv1d(slots, 2, chans[0], config.f0_kernel_size, 1, wn)
         self.conv_post = CausalConv1d(slots, chans[-1], 1, config.post_kernel_size, 1, wn)
-        if self.envelope:  # the stack's residual starts at zero: the synthesised speech alone
-            with torch.no_grad():
-                inner = self.conv_post.conv
-                if nn.utils.parametrize.is_parametrized(inner, "weight"):
-                    inner.parametrizations.weight.original0.zero_()
-                else:
-                    inner.weight.zero_()
-                inner.bias.zero_()
+        with torch.no_grad():  # the stack's residual starts at zero: the synthesised speech alone
+            inner = self.conv_post.conv
+            if nn.utils.parametrize.is_parametrized(inner, "weight"):
+                inner.parametrizations.weight.original0.zero_()
+            else:
+                inner.weight.zero_()
+            inner.bias.zero_()
         self._slot_shapes = list(slots.shapes)
         self._groups = sorted({c for c, _ in self._slot_shapes})
         self._group_slots = [[i for i, (c, _) in enumerate(self._slot_shapes) if c == g] for g in self._groups]
@@ -395,12 +325,11 @@ class CausalNsfHifiGan(nn.Module):
         if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
             return
         cfg = self.config
-        if units.ndim != 3 or units.shape[2] != cfg.input_width:
-            extra = f" (content {cfg.units_dim} + input log-mel {cfg.input_mel_bins})" if cfg.input_mel_bins else ""
-            raise ValueError(f"units must be (B, L, {cfg.input_width}){extra} at 50 Hz, got {tuple(units.shape)}")
+        if units.ndim != 3 or units.shape[2] != cfg.units_dim:
+            raise ValueError(f"units must be (B, L, {cfg.units_dim}) at 50 Hz, got {tuple(units.shape)}")
         b, n = units.shape[:2]
         want = {"f0_hz": (f0_hz, (b, 2 * n)), "speaker": (speaker, (b, cfg.speaker_dim)),
-                "noise": (noise, (b, HOP_SAMPLES * n))}
+                "noise": (noise, (b, FRAME_SAMPLES * n))}
         for name, (t, shape) in want.items():
             if tuple(t.shape) != shape:
                 raise ValueError(f"{name} must be {shape} for {n} frames of 20 ms (F0 at 100 Hz, noise at 16 kHz), "
@@ -413,39 +342,25 @@ class CausalNsfHifiGan(nn.Module):
     def forward_stream(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
                        *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One streaming step over ``L >= 1`` frames: ``(audio (B, 320 L), *new_state)``."""
-        audio, new_state, _ = self._step(units, f0_hz, speaker, noise, state, want_mel=False)
+        audio, new_state = self._step(units, f0_hz, speaker, noise, state)
         return (audio, *new_state)
 
     def _step(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
-              state: tuple[torch.Tensor, ...], want_mel: bool, residual: bool = True):
+              state: tuple[torch.Tensor, ...], residual: bool = True):
         self._check(units, f0_hz, speaker, noise, state)
         cur = self._unpack(state)
         new: list[torch.Tensor | None] = [None] * len(cur)
         b = units.shape[0]
-        mel_in = None
-        if self.mel_in is not None:
-            k = self.config.units_dim
-            units, mel_in = units[:, :, :k], units[:, :, k:]
-        if self.config.units_kind == "z":
-            units = 4.0 * units / torch.sqrt((units * units).sum(-1, keepdim=True) + 1e-8)
+        units = 4.0 * units / torch.sqrt((units * units).sum(-1, keepdim=True) + 1e-8)
         x = self.conv_pre(units.transpose(1, 2), cur, new) + self.spk_pre(speaker)[:, :, None]
-        if mel_in is not None:  # cepstra 1..C, scaled to about unit size
-            x = x + self.mel_in(0.25 * torch.einsum("cm,blm->bcl", self.input_dct, mel_in), cur, new)
         for conv in self.prenet:
             x = x + conv(F.leaky_relu(x, 0.1), cur, new)
-        mel = None
-        if want_mel and self.mel_head is not None:  # (B, 2 M, L) -> (B, M, 2 L): frame j gives mel frames 2j, 2j+1
-            m = self.mel_head(F.leaky_relu(x, 0.1))
-            mel = m.reshape(b, 2, -1, m.shape[2]).permute(0, 2, 3, 1).reshape(b, -1, 2 * m.shape[2])
-        if self.envelope:
-            e = self.env_head(F.leaky_relu(x, 0.1))  # (B, 4 M, L) -> (B, 2 M, 2 L)
-            e = e.reshape(b, 2, -1, e.shape[2]).permute(0, 2, 3, 1).reshape(b, -1, 2 * e.shape[2])
-            m = self.config.envelope_points
-            src = self.source(f0_hz, e[:, :m], e[:, m:], noise, cur, new)
-            if not residual:
-                return torch.tanh(src)[:, 0, :], None, mel
-        else:
-            src = self.source(f0_hz, noise, cur, new)  # (B, 1, N)
+        e = self.env_head(F.leaky_relu(x, 0.1))  # (B, 4 M, L) -> (B, 2 M, 2 L)
+        e = e.reshape(b, 2, -1, e.shape[2]).permute(0, 2, 3, 1).reshape(b, -1, 2 * e.shape[2])
+        m = self.config.envelope_points
+        src = self.source(f0_hz, e[:, :m], e[:, m:], noise, cur, new)
+        if not residual:
+            return torch.tanh(src)[:, 0, :], None
         hist = torch.cat((cur[self.source_slot], src), dim=2)
         new[self.source_slot] = hist[:, :, -self.source_history:]
         f0 = torch.clamp(f0_hz, min=0.0)
@@ -466,48 +381,30 @@ class CausalNsfHifiGan(nn.Module):
             for block in mrf[1:]:
                 xs = xs + block(x, cur, new)
             x = xs / n_res
-        x = self.conv_post(F.leaky_relu(x, 0.01), cur, new)
-        if self.envelope:
-            x = x + src
+        x = self.conv_post(F.leaky_relu(x, 0.01), cur, new) + src
         audio = torch.tanh(x)[:, 0, :]
-        return audio, self._pack(new), mel
+        return audio, self._pack(new)
 
     def forward(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor,
-                noise: torch.Tensor | None = None) -> torch.Tensor:
-        """Offline: ``units`` (B, T, K), ``f0_hz`` (B, 2T), ``speaker`` (B, S), ``noise`` (B, 320 T) or
-        None (drawn with ``torch.randn``) -> audio (B, 320 T) float32 at 16 kHz, from the zero state."""
+                noise: torch.Tensor | None = None, residual: bool = True) -> torch.Tensor:
+        """Offline: ``units`` (B, T, D), ``f0_hz`` (B, 2T), ``speaker`` (B, S), ``noise`` (B, 320 T) or
+        None (drawn with ``torch.randn``) -> audio (B, 320 T) float32 at 16 kHz, from the zero state.
+        ``residual=False``: the synthesised speech alone, without running the upsampling stack (the cheap
+        first phase of training)."""
         if noise is None:
-            noise = torch.randn(units.shape[0], HOP_SAMPLES * units.shape[1], device=units.device, dtype=units.dtype)
+            noise = torch.randn(units.shape[0], FRAME_SAMPLES * units.shape[1], device=units.device,
+                                dtype=units.dtype)
         state = self.init_state(units.shape[0], units.device, units.dtype)
-        return self.forward_stream(units, f0_hz, speaker, noise, *state)[0]
-
-    def forward_with_mel(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor,
-                         noise: torch.Tensor, residual: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Training: the offline call plus the pre-net's auxiliary log-mel ``(B, aux_mel_bins, 2 T)`` at 100 Hz
-        (frame ``k`` predicts the mel frame centred on sample ``160 k``), or None without a head.
-        ``residual=False`` (envelope source only): the synthesised speech alone, without running the
-        upsampling stack (a cheap first phase of training)."""
-        if not residual and not self.envelope:
-            raise ValueError("residual=False needs source_type='envelope'")
-        state = self.init_state(units.shape[0], units.device, units.dtype)
-        audio, _, mel = self._step(units, f0_hz, speaker, noise, state, want_mel=True, residual=residual)
-        return audio, mel
-
-    def source_signal(self, f0_hz: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """The NSF excitation alone: ``f0_hz`` (B, F) at 100 Hz, ``noise`` (B, 160 F) -> (B, 160 F)."""
-        if self.envelope:
-            raise ValueError("source_signal is the NSF source; the envelope source needs the pre-net's envelopes")
-        cur = self._unpack(self.init_state(f0_hz.shape[0], f0_hz.device, f0_hz.dtype))
-        return self.source(f0_hz, noise, cur, [None] * len(cur))[:, 0, :]
+        return self._step(units, f0_hz, speaker, noise, state, residual=residual)[0]
 
     # ---- inference helpers --------------------------------------------------------------------
-    def folded(self) -> "CausalNsfHifiGan":
+    def folded(self) -> "HarmonicNoiseVocoder":
         """A new model in eval mode without weight norm (weights folded) for inference and export; this
         model is left as it is. (Removing parametrisations from a deep copy would break the original:
         the parametrised class is shared between copies.)"""
         from dataclasses import replace
 
-        out = CausalNsfHifiGan(replace(self.config, weight_norm=False))
+        out = HarmonicNoiseVocoder(replace(self.config, weight_norm=False))
         sd = {}
         for name, mod in self.named_modules():
             for pname, p in mod.named_parameters(recurse=False):
@@ -523,51 +420,13 @@ class CausalNsfHifiGan(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def state_names(model: CausalNsfHifiGan) -> list[str]:
+def load_generator(path: str | Path, device: str = "cpu") -> HarmonicNoiseVocoder:
+    """A generator from a ``generator.pt`` checkpoint (weights, config, step), in eval mode."""
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model = HarmonicNoiseVocoder(VocoderConfig.from_dict(ckpt["config"])).to(device)
+    model.load_state_dict(ckpt["generator"])
+    return model.eval()
+
+
+def state_names(model: HarmonicNoiseVocoder) -> list[str]:
     return [f"state_c{c}" for c, _ in model.state_shapes]
-
-
-def export_onnx(model: CausalNsfHifiGan, path: str | Path, frames: int = 1, opset: int = 17) -> Path:
-    """Writes the streaming step to ONNX: inputs ``units, f0_hz, speaker, noise, state_c*``, outputs
-    ``audio, new_state_c*``; batch and frame count are dynamic. The model is copied and its weight
-    norm folded; the caller's model is left as it is. Uses the TorchScript-based exporter
-    (``dynamo=False``: the dynamo exporter needs ``onnxscript``, which rtanon does not depend on)."""
-    path = Path(path)
-    m = model.folded().cpu()
-    cfg = m.config
-    b = 1
-    args = (torch.zeros(b, frames, cfg.input_width), torch.full((b, 2 * frames), 120.0),
-            torch.zeros(b, cfg.speaker_dim), torch.zeros(b, HOP_SAMPLES * frames), *m.init_state(b))
-    names = state_names(m)
-    inputs = ["units", "f0_hz", "speaker", "noise", *names]
-    outputs = ["audio", *[f"new_{n}" for n in names]]
-    dyn = {"units": {0: "batch", 1: "frames"}, "f0_hz": {0: "batch", 1: "f0_frames"}, "speaker": {0: "batch"},
-           "noise": {0: "batch", 1: "samples"}, "audio": {0: "batch", 1: "samples"}}
-    dyn.update({n: {0: "batch"} for n in inputs[4:] + outputs[1:]})
-
-    class _Step(nn.Module):
-        def __init__(self, inner: CausalNsfHifiGan) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, *a: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self.inner.forward_stream(*a)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(_Step(m), args, str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=dyn, opset_version=opset, dynamo=False, do_constant_folding=True)
-    _set_metadata(path, {"rtanon_vocoder_config": json.dumps(asdict(cfg))})
-    return path
-
-
-def _set_metadata(path: Path, entries: dict[str, str]) -> None:
-    """Stores ``entries`` in the graph's metadata (read back with ONNX Runtime's ``custom_metadata_map``)."""
-    import onnx
-
-    model = onnx.load(str(path))
-    for key, value in entries.items():
-        prop = model.metadata_props.add()
-        prop.key, prop.value = key, value
-    onnx.save(model, str(path))

@@ -12,7 +12,10 @@ Every stage processes 16 kHz mono float32 audio one chunk at a time:
   engine adds these up, so the latency is computed, not claimed.
 
 Modules: ``base`` (the contract), ``vad`` (webrtcvad with hangover),
-``mcadams`` (McAdams-coefficient anonymization).
+``mcadams`` (McAdams-coefficient anonymization; its kernels in
+``mcadams_kernels``), ``allpass`` (random all-pass sections after a method),
+``neural`` (the neural voice: content encoder, F0 tracker, pitch mapping and
+vocoder as one composite stage).
 """
 
 from rtanon.stages.base import Stage, check_chunk

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.signal import sosfilt
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ, McAdamsConfig
+from rtanon.config import McAdamsConfig
+from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
 from rtanon.stages.mcadams_kernels import companion, lpc_autocorr, resynthesize
 

@@ -1,13 +1,11 @@
-"""The neural voice: content units + mapped F0 + pseudo-speaker -> causal HiFi-GAN (harmonic-plus-noise source).
+"""The neural voice: content + mapped F0 + pseudo-speaker -> the harmonic-plus-noise vocoder.
 
 ``NeuralVoiceModel`` is the shared part (built once per Anonymizer): the
 content encoder's ONNX Runtime session, the vocoder backend and the identity
 machinery. ``NeuralVoiceStage`` is one session's stage (the usual contract:
 ``process(chunk)``, ``reset()``, ``hop``, ``latency_samples``). Per chunk it
 
-1. runs the causal content encoder (soft units at 50 Hz, sharpened to the
-   temperature the vocoder was trained on, or its unit-space projections when
-   the vocoder was trained on those: the graph's ``units_kind``),
+1. runs the causal content encoder (its unit-space projections ``z`` at 50 Hz),
 2. runs the streaming F0 tracker (100 Hz, 20 ms lookahead) and maps each
    voiced value to the pseudo-speaker's F0 quantiles with the online
    percentile mapping (:class:`rtanon.f0.convert.StreamingPitchConverter`),
@@ -29,15 +27,8 @@ largest wait these imply (:func:`stage_delay_samples`): 20 ms for 20 and
 40 ms chunks, 30 ms for 10 and 30 ms chunks, so the engine's algorithmic
 latency is 40 ms with 20 ms chunks.
 
-Vocoders trained with ``input_mel_bins`` also get each frame's log-mel
-spectrum of the input (:mod:`rtanon.neural.input_mel`), computed here by an
-:class:`InputMelStream`; its window ends 96 samples after the frame, within
-the content encoder's lookahead, so it adds no latency. It is read through a
-vocal-tract-length warp and a spectral tilt drawn from the pseudo-speaker
-(``NeuralConfig.input_warp``), as training perturbs it.
-
-The audio is the vocoder's, made from units, pitch, the pseudo-speaker (and
-that spectral shape): no input sample reaches the output. What the user sounds like is never
+The audio is the vocoder's, made from content, pitch and the pseudo-speaker:
+no input sample reaches the output. What the user sounds like is never
 stored: the session keeps only the pseudo-speaker.
 """
 
@@ -45,7 +36,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -54,15 +44,14 @@ from typing import Iterator
 import numpy as np
 
 from rtanon.config import ConfigError, NeuralConfig
-from rtanon.neural.input_mel import InputMelStream, voice_warp
+from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES
+from rtanon.neural.config import VocoderConfig
 from rtanon.stages.base import check_chunk
 
-FRAME_SAMPLES = 320
-F0_HOP_SAMPLES = 160
 PACKAGED_DIR = ("models", "neural")
 PACKAGED_ONNX = "vocoder.onnx"
 PACKAGED_CHECKPOINT = "generator.pt"
-#: ONNX metadata key holding the vocoder's config (JSON), written by ``export_onnx``.
+#: ONNX metadata key holding the vocoder's config (JSON), written by ``rtanon.train.export``.
 CONFIG_METADATA_KEY = "rtanon_vocoder_config"
 
 
@@ -80,13 +69,13 @@ def packaged_path(name: str) -> Iterator[Path]:
         yield p
 
 
-def read_onnx_config(onnx_path: str | Path) -> dict:
-    """The vocoder config stored in an exported graph's metadata ({} for graphs without it)."""
+def read_onnx_config(onnx_path: str | Path) -> VocoderConfig:
+    """The vocoder config stored in an exported graph's metadata (the defaults for graphs without it)."""
     import onnxruntime as ort
 
     meta = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).get_modelmeta()
     raw = meta.custom_metadata_map.get(CONFIG_METADATA_KEY)
-    return json.loads(raw) if raw else {}
+    return VocoderConfig.from_dict(json.loads(raw) if raw else {})
 
 
 def stage_delay_samples(hop: int, f0_latency_frames: int, content_lookahead_frames: int = 0) -> int:
@@ -94,7 +83,7 @@ def stage_delay_samples(hop: int, f0_latency_frames: int, content_lookahead_fram
     docstring): ``max_t ceil(R_t / hop) * hop - hop - 320 t`` with
     ``R_t = 320 t + 320 + max(160 L, 320 A)``."""
     period = np.lcm(hop, FRAME_SAMPLES) // FRAME_SAMPLES
-    wait = max(F0_HOP_SAMPLES * f0_latency_frames, FRAME_SAMPLES * content_lookahead_frames)
+    wait = max(HOP_SAMPLES * f0_latency_frames, FRAME_SAMPLES * content_lookahead_frames)
     ready = [FRAME_SAMPLES * t + FRAME_SAMPLES + wait for t in range(period + 1)]
     return max(-(-r // hop) * hop - hop - FRAME_SAMPLES * t for t, r in enumerate(ready))
 
@@ -112,7 +101,7 @@ class NeuralVoiceModel:
         cfg = self.config
         if cfg.backend == "torch":
             from rtanon.neural.backends import torch_device
-            from rtanon.neural.train import load_generator
+            from rtanon.neural.vocoder import load_generator
 
             device = torch_device(cfg.device)  # before loading: a missing CUDA gets a clear error
             if cfg.vocoder_checkpoint:
@@ -120,7 +109,7 @@ class NeuralVoiceModel:
             else:
                 with packaged_path(PACKAGED_CHECKPOINT) as p:
                     model = load_generator(p, device)
-            self.vocoder_config = asdict(model.config)
+            self.vocoder_config = model.config
             self.backend = make_backend("torch", model=model, device=device, threads=cfg.threads,
                                         cuda_graphs=cfg.cuda_graphs)
         else:
@@ -132,13 +121,10 @@ class NeuralVoiceModel:
             else:
                 with packaged_path(PACKAGED_ONNX) as p:
                     self._build_onnx(p)
-        temperature = float(self.vocoder_config.get("units_temperature", 0.1))
-        kind = str(self.vocoder_config.get("units_kind", "probs"))
         if cfg.content_onnx and not Path(cfg.content_onnx).exists():
             raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
-        self.content = ContentEncoderModel(cfg.content_onnx,
-                                           ContentStreamConfig(temperature=temperature, output=kind))
-        trained_on = str(self.vocoder_config.get("content_sha256", ""))
+        self.content = ContentEncoderModel(cfg.content_onnx)
+        trained_on = self.vocoder_config.content_sha256
         if not trained_on and cfg.content_onnx:
             # vocoders from before the record (the shipped one among them) were trained on the packaged encoder
             with packaged_model_path() as p:
@@ -148,9 +134,9 @@ class NeuralVoiceModel:
                               f"{cfg.content_onnx or 'the packaged one'} ({self.content.sha256[:12]}): pass the "
                               "encoder it was trained on with --content, or a vocoder trained on this one")
         given = self.content.output_dim
-        if given != int(self.vocoder_config.get("units_dim", given)):
-            raise ConfigError(f"the vocoder expects {self.vocoder_config['units_dim']}-dim content {kind}, the "
-                              f"content encoder gives {given}: retrain the vocoder on this encoder's output")
+        if given != self.vocoder_config.units_dim:
+            raise ConfigError(f"the vocoder expects {self.vocoder_config.units_dim}-dim content, the content "
+                              f"encoder gives {given}: retrain the vocoder on this encoder's output")
         self.identities = IdentityModel()
 
     def _build_onnx(self, path: Path) -> None:
@@ -163,7 +149,7 @@ class NeuralVoiceModel:
         else:  # the backend's own session already holds the metadata: no second load of the graph
             self.backend = make_backend("onnxruntime", onnx_path=path, device=cfg.device, threads=cfg.threads)
             raw = self.backend.metadata.get(CONFIG_METADATA_KEY)
-            self.vocoder_config = json.loads(raw) if raw else {}
+            self.vocoder_config = VocoderConfig.from_dict(json.loads(raw) if raw else {})
 
     def new_identity(self, rng: np.random.Generator):
         """A fresh pseudo-speaker for one session (``strategy`` and ``gender`` from the config)."""
@@ -182,8 +168,8 @@ class NeuralVoiceStage:
         from rtanon.f0.tracker import F0Tracker
         from rtanon.neural.backends import VocoderStream
 
-        if hop <= 0 or hop % F0_HOP_SAMPLES:
-            raise ValueError(f"hop={hop}: use a multiple of {F0_HOP_SAMPLES} samples (10 ms at 16 kHz)")
+        if hop <= 0 or hop % HOP_SAMPLES:
+            raise ValueError(f"hop={hop}: use a multiple of {HOP_SAMPLES} samples (10 ms at 16 kHz)")
         self._hop = hop
         self.identity = identity
         self.content = model.content.open_stream(hop)
@@ -191,11 +177,6 @@ class NeuralVoiceStage:
         self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
-        mel_bins = int(model.vocoder_config.get("input_mel_bins", 0))
-        self.input_mel = None
-        if mel_bins:
-            warp, tilt = voice_warp(identity.embedding) if model.config.input_warp else (1.0, 0.0)
-            self.input_mel = InputMelStream(mel_bins, warp, tilt)
         self._delay = stage_delay_samples(hop, self.f0.latency_frames, model.content.lookahead_frames)
         self._match = model.config.match_loudness
         self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))
@@ -218,9 +199,6 @@ class NeuralVoiceStage:
         self.pitch.reset()
         self.vocoder.reset()
         self._units = np.zeros((0, self.content.model.output_dim), np.float32)
-        if self.input_mel is not None:
-            self.input_mel.reset()
-            self._mel = np.zeros((0, self.input_mel.bins), np.float32)
         self._f0 = np.zeros(0, np.float32)
         self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
         self._out = np.zeros(self._delay, np.float32)
@@ -250,8 +228,6 @@ class NeuralVoiceStage:
             self._in_rms = np.concatenate([self._in_rms, rms.astype(np.float32)])
             self._in_pending = buf[k * FRAME_SAMPLES:]
         units = self.content.process(chunk)
-        if self.input_mel is not None:
-            self._mel = np.concatenate([self._mel, self.input_mel.process(chunk)])
         t1 = time.perf_counter_ns()
         f0 = self.f0.process(chunk)
         if self._f0_skip:
@@ -265,11 +241,7 @@ class NeuralVoiceStage:
         t2 = time.perf_counter_ns()
         n = min(self._units.shape[0], self._f0.shape[0] // 2)
         if n:
-            units = self._units[:n]
-            if self.input_mel is not None:  # its frames need 96 samples of lookahead, the units 320: never fewer
-                units = np.concatenate([units, self._mel[:n]], axis=1)
-                self._mel = self._mel[n:]
-            audio = self.vocoder.process(units, self._f0[:2 * n])
+            audio = self.vocoder.process(self._units[:n], self._f0[:2 * n])
             self._units, self._f0 = self._units[n:], self._f0[2 * n:]
             if self._match:
                 audio = self._scale(audio, n)

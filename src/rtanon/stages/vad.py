@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtanon.config import SAMPLE_RATE_HZ, VadConfig
+from rtanon.config import VadConfig
+from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
 
-_FRAME_SAMPLES = SAMPLE_RATE_HZ // 100  # webrtcvad frames of 10 ms
 _FLOOR_START_DBFS = -50.0  # noise-floor estimate before any audio
 _FLOOR_MIN_DBFS = -80.0  # digital silence does not drag the floor lower
 
@@ -29,12 +29,12 @@ class VadStage:
     def __init__(self, config: VadConfig, hop: int) -> None:
         import webrtcvad  # from the webrtcvad-wheels distribution
 
-        if hop % _FRAME_SAMPLES:
-            raise ValueError(f"VAD hop must be a multiple of {_FRAME_SAMPLES} samples (10 ms), got {hop}")
+        if hop % HOP_SAMPLES:
+            raise ValueError(f"VAD hop must be a multiple of {HOP_SAMPLES} samples (10 ms), got {hop}")
         self._make_vad = lambda: webrtcvad.Vad(config.aggressiveness)
         self._vad = self._make_vad()
         self._hop = hop
-        self._hangover_frames = config.hangover_ms * SAMPLE_RATE_HZ // 1000 // _FRAME_SAMPLES
+        self._hangover_frames = config.hangover_ms * SAMPLE_RATE_HZ // 1000 // HOP_SAMPLES
         self._margin_db = config.energy_margin_db
         self._min_dbfs = config.energy_min_dbfs
         self.reset()
@@ -50,9 +50,9 @@ class VadStage:
     def process(self, chunk: np.ndarray) -> bool:
         check_chunk(chunk, self._hop, "VadStage")
         pcm = (np.clip(chunk, -1.0, 1.0) * 32767.0).astype("<i2")
-        energy_db = 10.0 * np.log10(np.mean(np.square(chunk.reshape(-1, _FRAME_SAMPLES), dtype=np.float64),
+        energy_db = 10.0 * np.log10(np.mean(np.square(chunk.reshape(-1, HOP_SAMPLES), dtype=np.float64),
                                              axis=1) + 1e-12)
-        for frame, e_db in zip(pcm.reshape(-1, _FRAME_SAMPLES), energy_db):
+        for frame, e_db in zip(pcm.reshape(-1, HOP_SAMPLES), energy_db):
             # noise floor: follows drops at once, rises 0.05 dB per frame (5 dB/s)
             self._floor_db = max(min(e_db, self._floor_db + 0.05), _FLOOR_MIN_DBFS)
             loud = e_db > max(self._floor_db + self._margin_db, self._min_dbfs)

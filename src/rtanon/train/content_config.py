@@ -10,11 +10,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-SAMPLE_RATE_HZ = 16000
-HOP_SAMPLES = 160  # 10 ms log-mel hop
+from rtanon.constants import SAMPLE_RATE_HZ
+
 WIN_SAMPLES = 400  # 25 ms analysis window
 N_FFT = 512
-FRAME_SAMPLES = 320  # 50 Hz unit frames
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Benchmark the streaming vocoder step with ONNX Runtime on the CPU.
 
-    PYTHONPATH=src python -m rtanon.neural.bench_vocoder [--frames 1] [--iters 400] [--threads 1]
+    rtanon lab bench-vocoder [--frames 1] [--iters 400] [--threads 1]
         [--config '{"initial_channels": 192}' ...] [--json]
 
 Exports untrained generators (random weights: compute does not depend on the
@@ -54,7 +54,9 @@ def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads
     import torch
 
     from rtanon.neural.backends import make_backend
-    from rtanon.neural.vocoder import HOP_SAMPLES, CausalNsfHifiGan, export_onnx
+    from rtanon.constants import FRAME_SAMPLES
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder
+    from rtanon.train.export import export_vocoder_onnx
 
     rng = np.random.default_rng(0)
     items = []
@@ -62,10 +64,10 @@ def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads
         for i, cj in enumerate(configs):
             kw, cfg = _config(cj)
             torch.manual_seed(0)
-            model = CausalNsfHifiGan(cfg)
-            path = export_onnx(model, Path(tmp) / f"vocoder{i}.onnx")
+            model = HarmonicNoiseVocoder(cfg)
+            path = export_vocoder_onnx(model, Path(tmp) / f"vocoder{i}.onnx")
             backend = make_backend("onnxruntime", onnx_path=path, threads=threads)
-            units = rng.dirichlet(np.ones(cfg.input_width) * 0.1, size=(1, frames)).astype(np.float32)
+            units = rng.standard_normal((1, frames, cfg.units_dim), dtype=np.float32)
             spk = rng.standard_normal((1, cfg.speaker_dim)).astype(np.float32)
             items.append({"config": kw, "parameters": model.folded().num_parameters(),
                           "onnx_mb": path.stat().st_size / 2**20, "backend": backend, "units": units, "spk": spk,
@@ -74,7 +76,7 @@ def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads
         warmup = min(30, iters)
         for it in range(iters + warmup):
             for item in items:
-                noise = rng.standard_normal((1, HOP_SAMPLES * frames), dtype=np.float32)
+                noise = rng.standard_normal((1, FRAME_SAMPLES * frames), dtype=np.float32)
                 t = time.perf_counter()
                 _, item["state"] = item["backend"].step(item["units"], f0, item["spk"], noise, item["state"])
                 if it >= warmup:
@@ -93,8 +95,8 @@ def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", action="append", help="VocoderConfig fields as JSON (repeat to compare)")
     ap.add_argument("--frames", type=int, default=1, help="50 Hz frames per call (1 = 20 ms chunk)")
     ap.add_argument("--iters", type=int, default=400)
@@ -116,6 +118,3 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['p50_ms']:6.2f} {r['p90_ms']:6.2f} {r['p99_ms']:6.2f} {r['rtf_p50']:6.3f}")
     print(f"load reference: 100x 256x256 matmul {r0['reference_matmul_ms']:.1f} ms (median)")
 
-
-if __name__ == "__main__":
-    main()

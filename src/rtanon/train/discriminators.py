@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rtanon.neural.config import DiscriminatorConfig  # noqa: F401  (re-exported)
+from rtanon.train.vocoder_config import DiscriminatorConfig  # noqa: F401  (the networks' sizes)
 
 _wn = nn.utils.parametrizations.weight_norm
 _sn = nn.utils.parametrizations.spectral_norm

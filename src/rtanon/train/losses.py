@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.constants import SAMPLE_RATE_HZ
 
 LAMBDA_FM = 2.0
 LAMBDA_MEL = 45.0

@@ -1,6 +1,6 @@
 """Spectrograms of an utterance and its anonymization, with rtanon's F0 track on both (for model cards).
 
-    PYTHONPATH=src python scripts/spectrogram_pair.py ../shared/data/so762_dev so000920002 out.png \
+    rtanon lab spectrogram-pair ../shared/data/so762_dev so000920002 out.png \
         [--method neural] [--seed 0] [--vocoder FILE]
 
 The anonymization runs as `rtanon file` runs it (the engine's ``Session.process_signal``, fixed seed);
@@ -13,8 +13,8 @@ import argparse
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("data", type=Path, help="Kaldi-style directory (wav.scp, text)")
     ap.add_argument("utt", help="utterance id")
     ap.add_argument("out", type=Path, help="PNG to write")
@@ -56,6 +56,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

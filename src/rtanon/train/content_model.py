@@ -16,7 +16,7 @@ returns the tuple, ``forward(audio, *state)`` returns
 ``(probs, z, *new_state)``. Feeding an utterance in 20 ms pieces with the
 state threaded through gives the same result as one offline call (the graph
 contains no operation that looks across a chunk boundary other than through
-the state). The same graph exports to ONNX (``rtanon.content.export``).
+the state). The same graph exports to ONNX (``rtanon.train.export``).
 
 The network itself is causal. With ``cfg.lookahead_frames`` = L > 0 it is
 trained so that its output ``t + L`` is frame ``t``'s units (each frame hears
@@ -30,7 +30,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rtanon.content.config import (HOP_SAMPLES, N_FFT, WIN_SAMPLES,
+from rtanon.constants import HOP_SAMPLES
+from rtanon.train.content_config import (N_FFT, WIN_SAMPLES,
                                    ContentModelConfig, mel_filterbank)
 
 class CausalConv(nn.Module):

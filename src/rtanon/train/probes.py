@@ -1,9 +1,9 @@
 """Where does the neural voice lose intelligibility? Two probes on the vocoder's feature shards, and a
 copy-synthesis WER.
 
-    PYTHONPATH=src python scripts/vocoder_probes.py oracle --shards runs/vocoder/shards [--utt 2]
-    PYTHONPATH=src python scripts/vocoder_probes.py units --shards runs/vocoder/shards [--shift 0] [--logits]
-    PYTHONPATH=src python scripts/vocoder_probes.py copysyn --data ../shared/data/so762_dev [--stride 5] \
+    rtanon lab probe oracle --shards runs/vocoder/shards [--utt 2]
+    rtanon lab probe units --shards runs/vocoder/shards [--shift 0]
+    rtanon lab probe copysyn --data ../shared/data/so762_dev [--stride 5] \
         [--generator src/rtanon/models/neural/generator.pt] [--variants original,own,pseudo,own_f0pseudo]
 
 ``oracle``: how close can the envelope synthesiser (``rtanon.neural.vocoder.EnvelopeSynth``) get to one
@@ -11,15 +11,15 @@ real utterance when its two envelopes are free parameters per 10 ms frame, fitte
 the training losses (45 x mel L1 + MR-STFT)? Prints the log-mel L1 reached (the rendering's floor).
 
 ``units``: how much of the spectrum do the content units carry? A causal conv net (the vocoder pre-net's
-shape: 6 residual layers at 256 channels) regresses 100 Hz log-mel frames from the soft units plus the
+shape: 6 residual layers at 256 channels) regresses 100 Hz log-mel frames from the content ``z`` plus the
 speaker embedding on every third shard and reports the log-mel L1 on ``shard_00001`` (utterances it never
 saw; its speakers may overlap the fitted shards'). ``--shift N`` gives the net N frames (20 ms each) of
-lookahead; ``--logits`` feeds log-probabilities instead of the sharpened units.
+lookahead.
 
 ``copysyn``: every ``stride``-th utterance of a Kaldi dir vocoded offline from its own content ``z`` and F0
 (the packaged content encoder and F0 tracker) and transcribed with the evaluation's Whisper, in variants:
 ``own`` = the utterance's own resemblyzer embedding and F0 (what training reconstructs), ``pseudo`` = a
-fresh pseudo-speaker (seed 1000 + index, as ``scripts/wer_paired.py`` draws them) with the F0 moved to its
+fresh pseudo-speaker (seed 1000 + index, as ``rtanon lab wer-paired`` draws them) with the F0 moved to its
 median, ``own_f0pseudo`` = the own embedding with that moved F0, ``original`` = the input itself. The
 output is scaled to the input's RMS. Separates what the content/vocoder path loses from what the change of
 voice loses.
@@ -37,14 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rtanon.neural.losses import MelLoss, MelSpectrogram, MultiResolutionStftLoss
-from rtanon.neural.train import ShardDataset
+from rtanon.train.losses import MelLoss, MelSpectrogram, MultiResolutionStftLoss
+from rtanon.train.shards import ShardDataset
 from rtanon.neural.vocoder import EnvelopeSynth, VocoderConfig, _Slots
 
 
 def oracle(args) -> None:
-    cfg = VocoderConfig(source_type="envelope")
-    data = ShardDataset(args.shards, ["shard_00000.npz"], units_temperature=0.05)
+    cfg = VocoderConfig()
+    data = ShardDataset(args.shards, ["shard_00000.npz"])
     f, t = int(data.offsets[args.utt]), int(data.frames[args.utt])
     target = torch.from_numpy(data.audio[320 * f:320 * (f + t)] / 32768.0).float()[None]
     f0 = torch.from_numpy(data.f0_hz[2 * f:2 * (f + t)])[None]
@@ -89,9 +89,8 @@ class _Regressor(nn.Module):
 
 
 def units(args) -> None:
-    temperature = None if args.logits else 0.05
-    fit = ShardDataset(args.shards, [f"shard_{i:05d}.npz" for i in range(0, 29, 3)], units_temperature=temperature)
-    held = ShardDataset(args.shards, ["shard_00001.npz"], units_temperature=temperature)
+    fit = ShardDataset(args.shards, [f"shard_{i:05d}.npz" for i in range(0, 29, 3)])
+    held = ShardDataset(args.shards, ["shard_00001.npz"])
     mel = MelSpectrogram()
     net = _Regressor(fit.units_dim, fit.embeddings.shape[1])
     opt = torch.optim.AdamW(net.parameters(), 1e-3)
@@ -99,8 +98,6 @@ def units(args) -> None:
     def loss_on(ds: ShardDataset, rng: np.random.Generator) -> torch.Tensor:
         b = ds.batch(rng, 32, 48)
         u = torch.from_numpy(b["units"])
-        if args.logits:
-            u = torch.log(u + 1e-4) / 5.0
         if args.shift:
             u = torch.cat((u[:, args.shift:], torch.zeros_like(u[:, :args.shift])), 1)
         target = mel(torch.from_numpy(b["audio"]))[:, :, :96]
@@ -123,6 +120,17 @@ def units(args) -> None:
 COPYSYN_VARIANTS = ("original", "own", "pseudo", "own_f0pseudo")
 
 
+def shift_f0_to_median(f0_hz: np.ndarray, median_hz: np.ndarray) -> np.ndarray:
+    """Each row of ``f0_hz`` (B, F; 0 = unvoiced) scaled so that its voiced median becomes ``median_hz[b]``
+    (a shift in log-F0, as a session's pitch mapping does on average); rows without voiced frames stay."""
+    out = f0_hz.copy()
+    for b in range(len(out)):
+        voiced = out[b] > 0
+        if voiced.any():
+            out[b, voiced] = np.clip(out[b, voiced] * (median_hz[b] / np.median(out[b, voiced])), 40.0, 600.0)
+    return out
+
+
 def copysyn(args) -> None:
     import soundfile as sf
 
@@ -131,8 +139,8 @@ def copysyn(args) -> None:
     from rtanon.eval.textnorm import normalize
     from rtanon.identity.speaker import IdentityModel
     from rtanon.kaldi import KaldiDir
-    from rtanon.neural.features import default_extractors
-    from rtanon.neural.train import load_generator, shift_f0_to_median
+    from rtanon.train.shards import default_extractors
+    from rtanon.neural.vocoder import load_generator
 
     variants = args.variants.split(",")
     unknown = set(variants) - set(COPYSYN_VARIANTS)
@@ -140,7 +148,7 @@ def copysyn(args) -> None:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {COPYSYN_VARIANTS}")
     data = KaldiDir.load(args.data)
     utts = sorted(u for u in data.wav if u in data.text)
-    extract = default_extractors(units_kind="z")
+    extract = default_extractors()
     gen = load_generator(args.generator).eval()
     identities, asr = IdentityModel(), WhisperTranscriber()
     errors = {v: np.zeros(4, int) for v in variants}  # substitutions, deletions, insertions, words
@@ -177,8 +185,8 @@ def copysyn(args) -> None:
     print(f"{time.perf_counter() - t0:.0f} s")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="probe", required=True)
     p = sub.add_parser("oracle", help="the synthesiser's floor with free envelopes")
     p.add_argument("--shards", required=True)
@@ -189,7 +197,6 @@ def main() -> None:
     p.add_argument("--shards", required=True)
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--shift", type=int, default=0, help="frames of lookahead given to the regressor")
-    p.add_argument("--logits", action="store_true", help="log-probabilities instead of units at temperature 0.05")
     p.set_defaults(func=units)
     p = sub.add_parser("copysyn", help="WER of offline vocoding with the own voice and with a pseudo-voice")
     p.add_argument("--data", required=True, help="Kaldi dir with text (e.g. ../shared/data/so762_dev)")
@@ -197,10 +204,7 @@ def main() -> None:
     p.add_argument("--generator", default="src/rtanon/models/neural/generator.pt")
     p.add_argument("--variants", default=",".join(COPYSYN_VARIANTS), help=f"comma-separated, from {COPYSYN_VARIANTS}")
     p.set_defaults(func=copysyn)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     args.func(args)
 
-
-if __name__ == "__main__":
-    main()

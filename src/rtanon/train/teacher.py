@@ -27,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon.constants import FRAME_SAMPLES, SAMPLE_RATE_HZ
 from rtanon.kaldi import KaldiDir
 
-SAMPLE_RATE_HZ = 16000
-FRAME_SAMPLES = 320  # 50 Hz output frames
 WINDOW_SAMPLES = 480000  # Whisper's 30 s window
 TEACHER_DIM = 384
 GAP_SAMPLES = 3200  # silence between packed utterances (0.2 s)

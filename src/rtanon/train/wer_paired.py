@@ -1,22 +1,22 @@
 """Paired WER comparison of neural-method candidates, one fresh pseudo-voice per utterance.
 
 ``rtanon eval`` draws one pseudo-voice per speaker (40 on so762_dev), and its WER moves by several
-points with that draw. This script runs every utterance of a Kaldi dir through ``Session.process_signal``
+points with that draw. This tool runs every utterance of a Kaldi dir through ``Session.process_signal``
 (as ``rtanon file`` does) with a fresh voice each (seed ``--seed-base + i`` for the i-th utterance in
 sorted order, so every system gets the same voices), transcribes with the evaluation's Whisper, and
 writes per-utterance errors split into substitutions, deletions and insertions. ``compare`` then gives
 the WER difference with a paired bootstrap over utterances, and again without the utterances on which
 the ASR looped for either system (``rtanon.eval.metrics.asr_runaway``).
 
-    PYTHONPATH=src python scripts/wer_paired.py run ../shared/data/so762_dev runs/wer_shipped.json
-    PYTHONPATH=src python scripts/wer_paired.py run ../shared/data/so762_dev runs/wer_cand.json \\
+    rtanon lab wer-paired run ../shared/data/so762_dev runs/wer_shipped.json
+    rtanon lab wer-paired run ../shared/data/so762_dev runs/wer_cand.json \\
         --vocoder runs/vX/vocoder.onnx
-    python scripts/wer_paired.py compare runs/wer_shipped.json runs/wer_cand.json
+    rtanon lab wer-paired compare runs/wer_shipped.json runs/wer_cand.json
 
 ``from-eval`` writes the same per-utterance rows from the transcripts an ``rtanon eval`` run cached for
 one of its systems (no rendering, no ASR), so two systems of one evaluation compare the same way:
 
-    PYTHONPATH=src python scripts/wer_paired.py from-eval runs/ev_X mcadams ../shared/data/so762_dev runs/ev_X_mcadams.json
+    rtanon lab wer-paired from-eval runs/ev_X mcadams ../shared/data/so762_dev runs/ev_X_mcadams.json
 
 ``--content FILE`` runs another content encoder than the packaged one (with a vocoder trained on its
 output). 320 utterances take about 6 minutes on one core here.
@@ -148,8 +148,8 @@ def compare(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="anonymize and transcribe every utterance, one fresh voice each")
@@ -175,6 +175,3 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,12 +16,6 @@ Steps, each resumable (finished work is found on disk and skipped):
    also regresses the standardised teacher features (L1), so z keeps more of
    the teacher's phonetic detail than the K units alone;
    the head is training-only (saved in the checkpoint, never exported).
-   With ``phone_ctc_weight`` > 0 another training-only linear head on z
-   gives phone posteriors, and a CTC loss ties them to the phones of the
-   transcript (``rtanon.content.phones``: espeak-ng on the ``text`` file),
-   on a second batch of whole transcribed utterances each step: the units
-   and teacher features come from a model that saw the whole utterance,
-   the phones from what was said.
    ``init`` warm-starts the network from an earlier checkpoint. Checkpoints
    (``ckpt.pt``) every ``checkpoint_every_s`` and at the end; a rerun
    resumes from it. Seeds are fixed; the log goes to ``<out>/train.log``.
@@ -40,11 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rtanon.content.features import (FRAME_SAMPLES, TEACHER_DIM, CorpusCache, assign_units, build_cache,
+from rtanon.constants import FRAME_SAMPLES
+from rtanon.train.teacher import (TEACHER_DIM, CorpusCache, assign_units, build_cache,
                                      fit_units)
-from rtanon.content.config import ContentModelConfig, mel_filterbank
+from rtanon.train.content_config import ContentModelConfig, mel_filterbank
 
-log = logging.getLogger("rtanon.content.train")
+log = logging.getLogger("rtanon.train.content")
 
 
 @dataclass
@@ -77,11 +72,6 @@ class TrainConfig:
     freq_mask_max: int = 10
     time_mask_max: int = 10
     init: Path | None = None  # warm start: network weights from this checkpoint (not its optimiser)
-    # CTC from z to the transcript's phones (espeak-ng), on whole utterances: weight, utterances per step,
-    # longest utterance used (50 Hz frames)
-    phone_ctc_weight: float = 0.0
-    ctc_batch_size: int = 6
-    ctc_max_frames: int = 500
 
     def validate(self) -> None:
         if not self.data_dirs:
@@ -103,8 +93,6 @@ class TrainConfig:
                              "1..crop_frames (10 ms frames)")
         if self.teacher_weight < 0:
             raise ValueError("teacher_weight must be >= 0 (0 = units only)")
-        if self.phone_ctc_weight < 0 or self.ctc_batch_size < 1 or self.ctc_max_frames < 50:
-            raise ValueError("phone_ctc_weight must be >= 0 (0 = off), ctc_batch_size >= 1 and ctc_max_frames >= 50")
         if self.init is not None and not Path(self.init).exists():
             raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()
@@ -205,51 +193,6 @@ class _Batches:
         return int(np.argmin(abs(self.warps - 1.0)))
 
 
-class _PhoneBatches:
-    """Whole transcribed utterances for the phone CTC loss, with the crops' augmentation (speed, VTLP, gain,
-    noise; CTC needs no alignment, so speed perturbation just resamples). Returns audio (B, (n + L) * 320)
-    zero-padded (L = lookahead frames, so the last frame's output exists), frames (B,) int64, the phone
-    targets concatenated (int64, labels 1..), their lengths (B,), and VTLP filterbanks (B, n_mels, 257)."""
-
-    def __init__(self, caches: list[CorpusCache], tables: list[dict[str, list[str]]], inventory: list[str],
-                 crops: _Batches, cfg: TrainConfig):
-        self.cfg, self.crops, self.caches = cfg, crops, caches
-        label = {p: i for i, p in enumerate(inventory)}
-        self.items = []  # (cache index, utt index, label ids)
-        for ci, (c, table) in enumerate(zip(caches, tables)):
-            for ui, utt in enumerate(c.utts):
-                n = int(c.frame_len[ui])
-                if utt in table and table[utt] and 5 <= n and n * max(cfg.speed_factors + (1.0,)) <= cfg.ctc_max_frames:
-                    self.items.append((ci, ui, np.asarray([label[p] for p in table[utt]], dtype=np.int64)))
-        if not self.items:
-            raise ValueError("--phone-ctc: no transcribed utterance (a Kaldi 'text' file) of at most "
-                             f"{cfg.ctc_max_frames} frames in the training data")
-
-    def __call__(self):
-        from scipy.signal import resample_poly
-
-        crops, rng, la = self.crops, self.crops.rng, self.cfg.model.lookahead_frames
-        xs, targets, fb_idx = [], [], []
-        for j in rng.choice(len(self.items), size=self.cfg.ctc_batch_size):
-            ci, ui, labels = self.items[j]
-            c = self.caches[ci]
-            o, n = int(c.audio_offset[ui]), int(c.frame_len[ui]) * FRAME_SAMPLES
-            x = crops.audio[ci][o:o + n].astype(np.float32) / 32767.0
-            factor = crops.speed_factor()
-            if factor != 1.0:
-                x = resample_poly(x, *_speed_ratio(factor)).astype(np.float32)
-            x = x[:len(x) // FRAME_SAMPLES * FRAME_SAMPLES]
-            xs.append(crops.gain_and_noise(x))
-            targets.append(labels)
-            fb_idx.append(crops.pick_warp())
-        frames = np.asarray([len(x) // FRAME_SAMPLES for x in xs], dtype=np.int64)
-        audio = np.zeros((len(xs), (int(frames.max()) + la) * FRAME_SAMPLES), dtype=np.float32)
-        for b, x in enumerate(xs):
-            audio[b, :len(x)] = x
-        lengths = np.asarray([len(t) for t in targets], dtype=np.int64)
-        return audio, frames, np.concatenate(targets), lengths, crops.fbs[np.asarray(fb_idx)]
-
-
 def spec_augment(logmel, rng: np.random.Generator, freq_masks: int, time_masks: int, freq_max: int, time_max: int):
     """SpecAugment's masks on a normalised log-mel batch (B, n_mels, T; numpy or torch), in place: per item
     ``freq_masks`` bands of width 0..``freq_max`` and ``time_masks`` spans of 0..``time_max`` frames set
@@ -299,10 +242,10 @@ def _setup_logging(out: Path) -> None:
 
 def train_content(cfg: TrainConfig) -> Path:
     """Runs (or resumes) the recipe; returns the path of the final checkpoint."""
-    from rtanon.content.features import _need
+    from rtanon.train.teacher import _need
 
     torch = _need("torch")
-    from rtanon.content.model import ContentEncoder
+    from rtanon.train.content_model import ContentEncoder
 
     cfg.validate()
     out = Path(cfg.out_dir)
@@ -316,22 +259,12 @@ def train_content(cfg: TrainConfig) -> Path:
     for c in caches:
         assign_units(c, km, k)
     log.info("teacher cache and units ready (%.0f s)", time.time() - t_prep)
-    phone_tables, inventory = [], []
-    if cfg.phone_ctc_weight:
-        from rtanon.content.phones import build_phones, phone_inventory
-
-        phone_tables = [build_phones(Path(d), cfg.cache / Path(d).name) for d in cfg.data_dirs]
-        inventory = phone_inventory(phone_tables)
-        log.info("phone CTC: %d labels (blank included), %d transcribed utterances", len(inventory),
-                 sum(len(t) for t in phone_tables))
 
     torch.manual_seed(cfg.seed)
     model = ContentEncoder(cfg.model)
     # training-only head: z -> standardised teacher features (paper 002's units keep only the argmax)
     head = torch.nn.Linear(cfg.model.unit_dim, TEACHER_DIM) if cfg.teacher_weight else None
-    # training-only head: z -> phone posteriors (CTC)
-    ctc_head = torch.nn.Linear(cfg.model.unit_dim, len(inventory)) if inventory else None
-    params = [p for m in (model, head, ctc_head) if m is not None for p in m.parameters()]
+    params = [p for m in (model, head) if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt_path = out / "ckpt.pt"
     step, train_s = 0, 0.0
@@ -341,10 +274,6 @@ def train_content(cfg: TrainConfig) -> Path:
         model.load_state_dict(ck["model"])
         if head is not None:
             head.load_state_dict(ck["head"])
-        if ctc_head is not None:
-            if ck.get("phones") != inventory:
-                raise ValueError(f"{ckpt_path} was trained with other phone labels; use a new --out")
-            ctc_head.load_state_dict(ck["ctc_head"])
         opt.load_state_dict(ck["opt"])
         step, train_s = ck["step"], ck["train_s"]
         rng.bit_generator.state = ck["np_rng"]
@@ -358,7 +287,6 @@ def train_content(cfg: TrainConfig) -> Path:
         model.feat_mean.copy_(mean)
         model.feat_std.copy_(std)
     batches = _Batches(caches, k, cfg, rng, teacher_norm=(km["mean"], km["std"]) if head is not None else None)
-    phone_batches = _PhoneBatches(caches, phone_tables, inventory, batches, cfg) if ctc_head is not None else None
     log.info("model: %d parameters; %d training crops sources", sum(p.numel() for p in model.parameters()),
              len(batches.items))
 
@@ -366,15 +294,14 @@ def train_content(cfg: TrainConfig) -> Path:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_s": train_s,
                     "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                     "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz"),
-                    "head": head.state_dict() if head is not None else None,
-                    "ctc_head": ctc_head.state_dict() if ctc_head is not None else None, "phones": inventory},
+                    "head": head.state_dict() if head is not None else None},
                    str(ckpt_path) + ".tmp")
         Path(str(ckpt_path) + ".tmp").replace(ckpt_path)
         log.info("checkpoint step %d (%.1f min trained)", step, train_s / 60)
 
     run_start = time.time()
     last_ckpt = time.time()
-    acc_ema, loss_ema, reg_ema, ctc_ema = None, None, None, None
+    acc_ema, loss_ema, reg_ema = None, None, None
     model.train()
     while step < cfg.max_steps and (time.time() - run_start) < cfg.max_minutes * 60:
         t0 = time.time()
@@ -401,10 +328,6 @@ def train_content(cfg: TrainConfig) -> Path:
             reg = ((head(z) - torch.from_numpy(teacher)).abs() * mask).sum() / (mask.sum() * teacher.shape[2])
             loss = loss + cfg.teacher_weight * reg
             reg_ema = reg.item() if reg_ema is None else 0.98 * reg_ema + 0.02 * reg.item()
-        if phone_batches is not None:
-            ctc = _phone_ctc_loss(model, ctc_head, phone_batches(), rng, cfg)
-            loss = loss + cfg.phone_ctc_weight * ctc
-            ctc_ema = ctc.item() if ctc_ema is None else 0.98 * ctc_ema + 0.02 * ctc.item()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 5.0)
@@ -417,10 +340,9 @@ def train_content(cfg: TrainConfig) -> Path:
         acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
         loss_ema = ce.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * ce.item()
         if step % 20 == 0:
-            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s%s %.2f s/step",
+            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s %.2f s/step",
                      step, lr, ce.item(), loss_ema, acc, acc_ema,
-                     f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "",
-                     f" phone-CTC (ema) {ctc_ema:.3f}" if ctc_ema is not None else "", time.time() - t0)
+                     f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "", time.time() - t0)
         if time.time() - last_ckpt > cfg.checkpoint_every_s:
             save()
             last_ckpt = time.time()
@@ -429,29 +351,11 @@ def train_content(cfg: TrainConfig) -> Path:
     return ckpt_path
 
 
-def _phone_ctc_loss(model, ctc_head, batch, rng: np.random.Generator, cfg: TrainConfig):
-    """CTC (per target phone, averaged over the batch) between the phone head on z and the transcripts,
-    on whole utterances from the zero state; SpecAugment as on the crops."""
-    import torch
-
-    audio, frames, targets, lengths, fbs = batch
-    state = model.init_state(len(audio))
-    with torch.no_grad():
-        logmel, _ = model.log_mel(torch.from_numpy(audio), state[0], mel_fb=torch.from_numpy(fbs))
-        if cfg.freq_masks or cfg.time_masks:
-            spec_augment(logmel, rng, cfg.freq_masks, cfg.time_masks, cfg.freq_mask_max, cfg.time_mask_max)
-    _, z, _ = model.encode_logmel(logmel, state[1:])
-    z = z[:, cfg.model.lookahead_frames:]  # output t + L stands for frame t
-    log_probs = torch.log_softmax(ctc_head(z), dim=-1).transpose(0, 1)  # (T, B, labels)
-    return torch.nn.functional.ctc_loss(log_probs, torch.from_numpy(targets), torch.from_numpy(frames),
-                                        torch.from_numpy(lengths), blank=0, zero_infinity=True)
-
-
 def load_checkpoint(path: Path):
     """The trained ``ContentEncoder`` (eval mode) from a ``ckpt.pt`` or a weights-only ``.pt``."""
     import torch
 
-    from rtanon.content.model import ContentEncoder
+    from rtanon.train.content_model import ContentEncoder
 
     ck = torch.load(path, map_location="cpu", weights_only=False)
     model = ContentEncoder(ContentModelConfig.from_dict(ck["model_config"]))

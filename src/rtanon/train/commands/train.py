@@ -1,6 +1,6 @@
 """``rtanon train MODEL ...``: training recipes for rtanon's own models.
 
-Each model has its own module ``rtanon.commands.train_<name>`` with
+Each model has its own module ``rtanon.train.commands.train_<name>`` with
 ``register(subparsers)``; add its name to ``TRAIN_TARGETS`` (e.g. a
 ``vocoder`` recipe later). Training needs ``pip install 'rtanon[train]'``.
 """
@@ -20,4 +20,4 @@ def register(sub) -> None:
                                    "from the checkpoint there when rerun.")
     tsub = p.add_subparsers(dest="model", metavar="MODEL", required=True)
     for name in TRAIN_TARGETS:
-        importlib.import_module(f"rtanon.commands.train_{name}").register(tsub)
+        importlib.import_module(f"rtanon.train.commands.train_{name}").register(tsub)

@@ -1,0 +1,1 @@
+"""The ``rtanon train`` and ``rtanon lab`` subcommands (argparse only at registration)."""

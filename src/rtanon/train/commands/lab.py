@@ -1,0 +1,41 @@
+"""``rtanon lab TOOL ...``: the research tools behind the model cards, one module each in ``rtanon.train``.
+
+Every tool keeps its own argument parser (``main(argv)``); this command only dispatches to it, so
+``rtanon lab TOOL --help`` is the tool's own help. They need the ``[train]`` extra (``probe`` and
+``wer-paired`` also ``[eval]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: Tool name -> (module in rtanon.train, one line of help), in the order ``rtanon lab --help`` lists them.
+TOOLS = {
+    "export-content": ("export", "a content encoder checkpoint to the ONNX graph the run time loads"),
+    "content-eval": ("content_eval", "the content encoder's held-out figures: teacher top-1, probe R2, "
+                                     "speaker-ID (and a phone head's error rate)"),
+    "wer-paired": ("wer_paired", "per-utterance WER of a system with a fresh voice per utterance, and paired "
+                                 "bootstrap comparisons between systems"),
+    "probe": ("probes", "where the neural voice loses intelligibility: the synthesiser's floor, what the "
+                        "content carries, copy-synthesis WER"),
+    "spectrogram-pair": ("spectrogram", "the model card's original/anonymized spectrogram pair (PNG)"),
+    "bench-vocoder": ("bench_vocoder", "ONNX Runtime timing of vocoder configurations with random weights, "
+                                       "for architecture choices"),
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lab", help="research tools: export, probes, paired WER, architecture benchmarks",
+                       description="Research tools behind the model cards (models/*/MODEL_CARD.md) and the "
+                                   "lab notes (docs/lab-notes/). `rtanon lab TOOL --help` explains each.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="tools:\n" + "\n".join(f"  {name:18s}{line}" for name, (_, line) in TOOLS.items()))
+    p.add_argument("tool", choices=list(TOOLS), metavar="TOOL", help="one of: " + ", ".join(TOOLS))
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the tool's own arguments")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    module = importlib.import_module(f"rtanon.train.{TOOLS[args.tool][0]}")
+    return int(module.main(args.args, prog=f"rtanon lab {args.tool}") or 0)

@@ -1,0 +1,118 @@
+"""Trained torch models to the ONNX graphs the run time loads, with their state as explicit inputs/outputs
+and their configuration in the graph's metadata.
+
+- :func:`export_content_onnx`: the content encoder. Inputs ``audio`` (1, N) float32 at 16 kHz, N a multiple
+  of 320 (the number of 20 ms frames is dynamic), then the state tensors in ``ContentEncoder.state_names()``
+  order; outputs ``probs`` (1, N/320, K), ``z`` (1, N/320, D), then ``new_<state>``. Metadata key
+  ``rtanon_content_config``. From the command line: ``rtanon lab export-content``.
+- :func:`export_vocoder_onnx`: the vocoder's streaming step. Inputs ``units, f0_hz, speaker, noise,
+  state_c*``, outputs ``audio, new_state_c*``; batch and frame count dynamic. Metadata key
+  ``rtanon_vocoder_config``. ``rtanon train vocoder`` calls it at the end of every run.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+from rtanon.constants import FRAME_SAMPLES
+
+
+def _set_metadata(path: Path, entries: dict[str, str]) -> None:
+    """Stores ``entries`` in the graph's metadata (read back with ONNX Runtime's ``custom_metadata_map``)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for key, value in entries.items():
+        prop = model.metadata_props.add()
+        prop.key, prop.value = key, value
+    onnx.save(model, str(path))
+
+
+def export_content_onnx(model, path: str | Path, opset: int = 17) -> Path:
+    """Writes ``model`` (a ``ContentEncoder``) to ``path`` as ONNX; returns ``path``."""
+    import torch
+
+    from rtanon.content.stream import CONFIG_METADATA_KEY
+
+    model = model.eval()
+    names = model.state_names()
+    state = model.init_state(1)
+    audio = torch.zeros(1, FRAME_SAMPLES * 2)
+    dynamic = {"audio": {1: "n_samples"}, "probs": {1: "n_frames"}, "z": {1: "n_frames"}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        torch.onnx.export(model, (audio, *state), str(path), input_names=["audio", *names],
+                          output_names=["probs", "z", *[f"new_{n}" for n in names]],
+                          dynamic_axes=dynamic, opset_version=opset, dynamo=False)
+    _set_metadata(path, {CONFIG_METADATA_KEY: json.dumps(model.cfg.to_dict())})
+    return path
+
+
+def export_vocoder_onnx(model, path: str | Path, frames: int = 1, opset: int = 17) -> Path:
+    """Writes the streaming step of ``model`` (a ``HarmonicNoiseVocoder``) to ONNX. The model is copied and
+    its weight norm folded; the caller's model is left as it is. Uses the TorchScript-based exporter
+    (``dynamo=False``: the dynamo exporter needs ``onnxscript``, which rtanon does not depend on)."""
+    import torch
+    from torch import nn
+
+    from rtanon.neural.vocoder import state_names
+
+    path = Path(path)
+    m = model.folded().cpu()
+    cfg = m.config
+    b = 1
+    args = (torch.zeros(b, frames, cfg.units_dim), torch.full((b, 2 * frames), 120.0),
+            torch.zeros(b, cfg.speaker_dim), torch.zeros(b, FRAME_SAMPLES * frames), *m.init_state(b))
+    names = state_names(m)
+    inputs = ["units", "f0_hz", "speaker", "noise", *names]
+    outputs = ["audio", *[f"new_{n}" for n in names]]
+    dyn = {"units": {0: "batch", 1: "frames"}, "f0_hz": {0: "batch", 1: "f0_frames"}, "speaker": {0: "batch"},
+           "noise": {0: "batch", 1: "samples"}, "audio": {0: "batch", 1: "samples"}}
+    dyn.update({n: {0: "batch"} for n in inputs[4:] + outputs[1:]})
+
+    class _Step(nn.Module):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self.inner.forward_stream(*a)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Step(m), args, str(path), input_names=inputs, output_names=outputs,
+                          dynamic_axes=dyn, opset_version=opset, dynamo=False, do_constant_folding=True)
+    _set_metadata(path, {"rtanon_vocoder_config": json.dumps(asdict(cfg))})
+    return path
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``rtanon lab export-content CKPT OUT.onnx [--weights OUT.pt]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=prog, description="Export a content encoder checkpoint of `rtanon train "
+                                                        "content` to the ONNX graph the run time loads.")
+    ap.add_argument("checkpoint", type=Path, help="ckpt.pt written by `rtanon train content`")
+    ap.add_argument("output", type=Path, help="ONNX file to write")
+    ap.add_argument("--weights", type=Path, default=None,
+                    help="also write a small weights-only torch checkpoint (model + config, no optimizer), what "
+                         "`rtanon train vocoder --content-weights` reads")
+    args = ap.parse_args(argv)
+    import torch
+
+    from rtanon.train.content import load_checkpoint
+
+    model = load_checkpoint(args.checkpoint)
+    export_content_onnx(model, args.output)
+    print(f"wrote {args.output}")
+    if args.weights:
+        ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        torch.save({"model": model.state_dict(), "model_config": model.cfg.to_dict(), "step": ck.get("step"),
+                    "train_s": ck.get("train_s")}, args.weights)
+        print(f"wrote {args.weights}")
+    return 0
