@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rtanon.config import ConfigError
-from rtanon.identity.pool import SpeakerPool, _unit
+from rtanon.identity.pool import SpeakerPool, unit_norm
 
 #: Quantile levels (fractions) whose log-F0 joins the embedding in the joint model.
 PITCH_LEVELS = np.array([0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
@@ -80,7 +80,7 @@ def quantiles_from_pitch_features(feat: np.ndarray, levels: np.ndarray) -> np.nd
 def to_embedding_manifold(x: np.ndarray, clip_negative: bool = False) -> np.ndarray:
     """Unit-norm rows; with ``clip_negative`` also non-negative (like the encoder's ReLU output)."""
     x = np.atleast_2d(x)
-    return _unit(np.maximum(x, 0.0) if clip_negative else x)
+    return unit_norm(np.maximum(x, 0.0) if clip_negative else x)
 
 
 class GenderGmm:
@@ -139,7 +139,7 @@ class GenderGmm:
         cos(user, identity) <= theta_fd (forced dissimilarity). Returns
         (embeddings (n, D), F0 quantiles (n, Q) Hz, number of redraws)."""
         embs, f0s, redraws = [], [], 0
-        user = None if user_embedding is None or theta_fd is None else _unit(user_embedding)
+        user = None if user_embedding is None or theta_fd is None else unit_norm(user_embedding)
         while len(embs) < n:
             emb, f0 = self.decode(self.sample_scores(n - len(embs), rng))
             ok = np.ones(emb.shape[0], bool) if user is None else (emb @ user.reshape(-1) <= theta_fd)
@@ -170,7 +170,7 @@ class Generator:
 
 def cross_similarities(x: np.ndarray) -> np.ndarray:
     """Cosine similarities of all distinct pairs of rows of (N, D) -> (N(N-1)/2,)."""
-    u = _unit(x)
+    u = unit_norm(x)
     s = u @ u.T
     return s[np.triu_indices(s.shape[0], 1)]
 

@@ -38,7 +38,7 @@ class PoolError(Exception):
     """A pool file is missing, from an incompatible version, or malformed."""
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit_norm(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -231,7 +231,7 @@ def build_pool(data_dirs: list[str | Path], encoder="resemblyzer", *, f0_tracker
                 continue
             idx = len(ids)
             ids.append(key)
-            embs.append(_unit(np.mean(s_embs, axis=0)))
+            embs.append(unit_norm(np.mean(s_embs, axis=0)))
             genders.append(kd.spk2gender[spk])
             age = kd.spk2age.get(spk)
             ages.append(float(age) if age not in (None, "") else np.nan)

@@ -27,7 +27,7 @@ import numpy as np
 
 from rtanon.config import ConfigError
 from rtanon.identity.pitch import mixture_quantiles_hz
-from rtanon.identity.pool import SpeakerPool, _unit
+from rtanon.identity.pool import SpeakerPool, unit_norm
 
 DISTANCES = ("cosine", "plda")
 PROXIMITIES = ("random", "near", "far", "dense", "sparse")
@@ -102,7 +102,7 @@ class Selector:
     def distance(self, a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:
         """Distance between rows of ``a`` (A, D) and ``b`` (B, D) -> (A, B): 1 - cosine, or -LLR."""
         if metric == "cosine":
-            return 1.0 - _unit(np.atleast_2d(a)) @ _unit(np.atleast_2d(b)).T
+            return 1.0 - unit_norm(np.atleast_2d(a)) @ unit_norm(np.atleast_2d(b)).T
         if metric == "plda":
             return -self.plda.llr(a, b)
         raise ValueError(f"distance={metric!r}; use one of {DISTANCES}")
@@ -176,7 +176,7 @@ class Selector:
             cand = rng.choice(chosen, size=m, replace=False)
             details.update(n_clusters=n_clusters, cluster_size=int(chosen.shape[0]), N_star=m)
         cand = np.sort(cand)
-        emb = _unit(self.pool.embeddings[cand].mean(axis=0))
+        emb = unit_norm(self.pool.embeddings[cand].mean(axis=0))
         f0 = mixture_quantiles_hz(self.pool.f0_quantiles_hz[cand], self.pool.voiced_frames[cand],
                                   self.pool.quantile_levels)
         return Selection(cand, emb, f0, gender, details)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rtanon.identity.generate import Generator, GmmConfig
-from rtanon.identity.pool import SpeakerPool, _unit
+from rtanon.identity.pool import SpeakerPool, unit_norm
 from rtanon.identity.select import DISTANCES, GENDER_CHOICES, PROXIMITIES, SelectionConfig, Selector
 
 IDENTITY_FORMAT_VERSION = 1
@@ -90,7 +90,7 @@ class PseudoSpeaker:
             raise IdentityError(f"{path}: 'embedding' must be a non-zero list of finite numbers")
         if f0.shape != (len(levels),) or not (f0 > 0).all() or np.any(np.diff(f0) < 0):
             raise IdentityError(f"{path}: 'f0_quantiles_hz' must be {len(levels)} increasing positive values")
-        return cls(_unit(emb), f0, str(d.get("gender", "")), dict(d.get("strategy", {})),
+        return cls(unit_norm(emb), f0, str(d.get("gender", "")), dict(d.get("strategy", {})),
                    str(d.get("created_utc", "")), str(d.get("encoder", "")), levels)
 
 
@@ -111,7 +111,7 @@ class IdentityModel:
 
     def infer_gender(self, embedding: np.ndarray, k: int = 9) -> str:
         """The majority gender of the ``k`` pool speakers nearest (cosine) to ``embedding``."""
-        sims = self.pool.embeddings @ _unit(embedding).reshape(-1)
+        sims = self.pool.embeddings @ unit_norm(embedding).reshape(-1)
         nearest = np.argsort(-sims)[:k]
         return "f" if (self.pool.genders[nearest] == "f").sum() * 2 > k else "m"
 
@@ -181,7 +181,7 @@ def assign_identities(model: IdentityModel, user_utterance_embeddings: np.ndarra
     ``utterance``: one identity per utterance from that utterance's embedding."""
     x = np.atleast_2d(user_utterance_embeddings)
     if assignment == "speaker":
-        return [model.new_identity(user_embedding=_unit(x.mean(axis=0)), **kwargs)]
+        return [model.new_identity(user_embedding=unit_norm(x.mean(axis=0)), **kwargs)]
     if assignment == "utterance":
         return [model.new_identity(user_embedding=row, **kwargs) for row in x]
     raise IdentityError(f"assignment={assignment!r}; use 'speaker' or 'utterance'")

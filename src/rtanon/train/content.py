@@ -242,9 +242,9 @@ def _setup_logging(out: Path) -> None:
 
 def train_content(cfg: TrainConfig) -> Path:
     """Runs (or resumes) the recipe; returns the path of the final checkpoint."""
-    from rtanon.train.teacher import _need
+    from rtanon.train.teacher import need_module
 
-    torch = _need("torch")
+    torch = need_module("torch")
     from rtanon.train.content_model import ContentEncoder
 
     cfg.validate()

