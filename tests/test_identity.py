@@ -236,15 +236,15 @@ def test_needs_user_strategies_refuse_without_voice(model):
 
 
 def test_plda_separates_same_and_different_speakers(pool, model):
-    from rtanon.identity.plda import Plda
+    from rtanon.identity.plda import TwoCovPlda
 
     so = np.flatnonzero(pool.corpora == "so762_train")[:40]
     train_spk = so[:20]
     keep = np.isin(pool.utt_speaker, train_spk)
-    plda = Plda.fit(pool.utt_embeddings[keep], pool.utt_speaker[keep], dim=50)
+    plda = TwoCovPlda.fit(pool.utt_embeddings[keep], pool.utt_speaker[keep])
     held = np.isin(pool.utt_speaker, so[20:])
     x, lab = pool.utt_embeddings[held], pool.utt_speaker[held]
-    llr = plda.llr(x, x)
+    llr = plda.llr_pairs(x, x)
     same = lab[:, None] == lab[None, :]
     off = ~np.eye(lab.shape[0], dtype=bool)
     assert np.median(llr[same & off]) > np.median(llr[~same])

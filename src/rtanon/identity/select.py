@@ -51,7 +51,6 @@ class SelectionConfig:
     cluster_fraction: float = 10 / 80
     cluster_member_fraction: float = 0.5
     ap_damping: float = 0.5
-    plda_dim: int = 100
 
     def validate(self) -> None:
         for name in ("n_fraction", "n_star_fraction", "cluster_fraction", "cluster_member_fraction"):
@@ -60,8 +59,6 @@ class SelectionConfig:
                 raise ConfigError(f"{name}={v}; use a fraction in (0, 1]")
         if not 0.5 <= self.ap_damping < 1.0:
             raise ConfigError(f"ap_damping={self.ap_damping}; Affinity Propagation needs 0.5 <= damping < 1")
-        if not 2 <= self.plda_dim <= 512:
-            raise ConfigError(f"plda_dim={self.plda_dim}; use 2 to 512 (at most the embedding size)")
 
     def n(self, pool_size: int) -> tuple[int, int]:
         """(N, N*) for a gender pool of ``pool_size`` speakers."""
@@ -95,16 +92,16 @@ class Selector:
 
     @cached_property
     def plda(self):
-        from rtanon.identity.plda import Plda
+        from rtanon.identity.plda import TwoCovPlda
 
-        return Plda.fit(self.pool.utt_embeddings, self.pool.utt_speaker, dim=self.config.plda_dim)
+        return TwoCovPlda.fit(self.pool.utt_embeddings, self.pool.utt_speaker)
 
     def distance(self, a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:
         """Distance between rows of ``a`` (A, D) and ``b`` (B, D) -> (A, B): 1 - cosine, or -LLR."""
         if metric == "cosine":
             return 1.0 - unit_norm(np.atleast_2d(a)) @ unit_norm(np.atleast_2d(b)).T
         if metric == "plda":
-            return -self.plda.llr(a, b)
+            return -self.plda.llr_pairs(a, b)
         raise ValueError(f"distance={metric!r}; use one of {DISTANCES}")
 
     def clusters(self, gender: str, metric: str) -> list[np.ndarray]:
