@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtanon.constants import HOP_RATE_HZ, SAMPLE_RATE_HZ
+from rtanon.constants import HOP_RATE_HZ
 from rtanon.f0.config import HOP_SAMPLES, F0Config, derive
 from rtanon.stages.base import check_chunk
 

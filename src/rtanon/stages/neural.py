@@ -92,7 +92,7 @@ class NeuralVoiceModel:
     """Shared, read-only models of the neural method (thread-safe to share between sessions)."""
 
     def __init__(self, config: NeuralConfig | None = None) -> None:
-        from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig, packaged_model_path
+        from rtanon.content.stream import ContentEncoderModel, packaged_model_path
         from rtanon.identity.speaker import IdentityModel
         from rtanon.neural.backends import file_sha256, make_backend
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rtanon.constants import FRAME_SAMPLES, SAMPLE_RATE_HZ
+from rtanon.constants import FRAME_SAMPLES
 from rtanon.kaldi import KaldiDir
 
 WINDOW_SAMPLES = 480000  # Whisper's 30 s window
