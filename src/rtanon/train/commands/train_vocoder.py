@@ -16,8 +16,8 @@ def register(sub) -> None:
                     "F0 track, one speaker embedding per training speaker from the speaker pool or "
                     "resemblyzer), then trains the vocoder from OUT/generator.pt when it exists (resumable; "
                     "checkpoints every --checkpoint-every steps) and exports OUT/vocoder.onnx. The rest of the "
-                    "recipe (batch 16 of 0.64 s segments, AdamW at 1e-3, embedding blending on 20 %% of "
-                    "items, MPD/MSD losses on CUDA only) is fixed: rtanon.train.vocoder.TrainConfig. To ship "
+                    "recipe (batch 16 of 0.64 s segments, AdamW at 1e-3, embedding blending on 20 % of "
+                    "items, MPD/MSD losses on CUDA only) is fixed: rtanon.train.vocoder_config.TrainConfig. To ship "
                     "the result, copy OUT/generator.pt and OUT/vocoder.onnx to src/rtanon/models/neural/. "
                     "Never train on the evaluation split (so762_dev): such directories are refused.",
         epilog="the shipped model's recipe: models/neural/MODEL_CARD.md. Example (a fine-tune of the shipped "
