@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from rtanon import Anonymizer
-from rtanon.audio_io import AtomicWriter, AudioFileError, anonymize_file, probe, read_blocks
+from rtanon.audio_io import AudioWriter, AudioFileError, anonymize_file, probe, read_blocks
 
 
 def _sha(path):
@@ -79,7 +79,7 @@ def test_failed_run_leaves_no_partial_output_and_keeps_an_existing_one(tmp_path,
     dst = tmp_path / "out.wav"
     dst.write_bytes(b"previous result")
     with pytest.raises(RuntimeError):
-        with AtomicWriter(dst) as w:
+        with AudioWriter(dst) as w:
             w.write(speech)
             raise RuntimeError("disk full")
     assert dst.read_bytes() == b"previous result"
@@ -90,7 +90,7 @@ def test_outputs_get_normal_file_permissions(tmp_path, speech):
     import os
 
     dst = tmp_path / "o.wav"
-    with AtomicWriter(dst) as w:
+    with AudioWriter(dst) as w:
         w.write(speech)
     mask = os.umask(0)
     os.umask(mask)

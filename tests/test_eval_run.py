@@ -43,7 +43,7 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path):
     from rtanon.cli import main
 
     dev = _tiny_kaldi(shared_data / "so762_dev", tmp_path / "tiny_dev", per_gender=2, per_speaker=3)
-    train = _tiny_kaldi(shared_data / "so762_train", tmp_path / "tiny_train", per_gender=4, per_speaker=2)
+    _tiny_kaldi(shared_data / "so762_train", tmp_path / "tiny_train", per_gender=4, per_speaker=2)
     out = tmp_path / "out"
     args = ["eval", "--data", str(dev), "--out", str(out), "--method", "mcadams", "--enroll-utts", "1",
             "--train-utts-per-speaker", "2", "--jobs", "1", "--asr-beam-size", "1", "--quiet"]

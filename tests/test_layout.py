@@ -93,3 +93,41 @@ def test_running_the_neural_method_loads_nothing_of_the_training_package():
             "assert not loaded, loaded\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_error_base_is_a_leaf_and_every_user_error_derives_from_it():
+    """``rtanon.errors`` imports nothing of rtanon (any module may raise its errors), and the CLI's one-line
+    errors are exactly the subclasses of ``UserError``."""
+    assert _import_graph()["rtanon.errors"] == set()
+    from rtanon.audio_io import AudioFileError
+    from rtanon.config import ConfigError
+    from rtanon.errors import CliError, UserError
+    from rtanon.kaldi import KaldiDirError
+    from rtanon.neural.backends import BackendUnavailable
+    from rtanon.stages.neural import VocoderMissing
+
+    for cls in (AudioFileError, ConfigError, CliError, KaldiDirError, BackendUnavailable, VocoderMissing):
+        assert issubclass(cls, UserError), cls
+
+
+def test_files_are_replaced_through_the_one_atomic_writer():
+    """Only ``rtanon.atomic`` renames a temporary file into place; every other writer goes through it."""
+    offenders = []
+    for module, path in _modules().items():
+        if module == "rtanon.atomic" or path.suffix == ".pyi":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("replace", "rename", "mkstemp")
+                    and not (isinstance(node.func.value, ast.Constant) or node.args and
+                             isinstance(node.args[0], ast.Constant))):
+                if node.func.attr == "replace" and len(node.args) == 2 and not node.keywords:
+                    # str.replace(old, new) takes two strings; os.replace / Path.replace take paths
+                    if isinstance(node.func.value, ast.Name) and node.func.value.id == "os":
+                        offenders.append(f"{module}:{node.lineno} os.replace")
+                    continue
+                if node.func.attr == "replace" and len(node.args) == 1:
+                    offenders.append(f"{module}:{node.lineno} Path.replace")
+                elif node.func.attr in ("rename", "mkstemp"):
+                    offenders.append(f"{module}:{node.lineno} {node.func.attr}")
+    assert not offenders, offenders

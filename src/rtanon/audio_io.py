@@ -2,16 +2,16 @@
 
 ``read_blocks(path)`` yields 16 kHz mono float32 blocks from any file
 libsndfile reads (WAV, FLAC, OGG; any rate, channels and sample format),
-downmixing and resampling on the way. ``AtomicWriter`` writes blocks at the
-input's rate to a temporary file beside the target and renames it into place
-only when everything succeeded, so a failed run never leaves a half-written
-output and never touches the input.
+downmixing and resampling on the way. ``AudioWriter`` writes blocks at the
+input's rate through ``rtanon.atomic`` (a temporary file beside the target,
+renamed into place only when everything succeeded), so a failed run never
+leaves a half-written output and never touches the input.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -20,18 +20,14 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.atomic import atomic_path, remove_leftovers
+from rtanon.constants import SAMPLE_RATE_HZ
+from rtanon.errors import UserError
 
 BLOCK_SECONDS = 2.0
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-class AudioFileError(Exception):
+class AudioFileError(UserError):
     """An input or output file cannot be used; the message says why."""
 
 
@@ -99,7 +95,7 @@ def read_audio(path: str | os.PathLike) -> np.ndarray:
     return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
 
-class AtomicWriter:
+class AudioWriter:
     """Writes mono float32 blocks given at 16 kHz to ``path`` at
     ``sample_rate_hz`` (resampled on the way), atomically.
 
@@ -122,14 +118,22 @@ class AtomicWriter:
             self._resampler = soxr.ResampleStream(SAMPLE_RATE_HZ, self.sample_rate_hz, 1, dtype="float32")
         self.frames_written = 0
 
-    def __enter__(self) -> "AtomicWriter":
+    def __enter__(self) -> "AudioWriter":
         directory = self.path.parent if str(self.path.parent) else Path(".")
         if not directory.is_dir():
             raise AudioFileError(f"{self.path}: folder {directory} does not exist")
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=directory)
-        os.close(fd)
         subtype = "PCM_16" if self._format in ("WAV", "FLAC") else None
-        self._file = sf.SoundFile(self._tmp, "w", self.sample_rate_hz, 1, subtype=subtype, format=self._format)
+        if not sf.check_format(self._format, subtype):
+            raise AudioFileError(f"{self.path}: libsndfile cannot write {self._format} here")
+        remove_leftovers(directory, self.path.name)  # a run killed with SIGKILL could not
+        self._stack = ExitStack()
+        tmp = self._stack.enter_context(atomic_path(self.path))
+        try:
+            self._file = self._stack.enter_context(
+                sf.SoundFile(tmp, "w", self.sample_rate_hz, 1, subtype=subtype, format=self._format))
+        except BaseException as exc:
+            self._stack.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def write(self, block: np.ndarray) -> None:
@@ -145,18 +149,17 @@ class AtomicWriter:
         self.frames_written += block.shape[0]
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None and self._resampler is not None:
-                self._write(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-            if exc_type is None and self._frames is not None and self.frames_written < self._frames:
-                self._write(np.zeros(self._frames - self.frames_written, np.float32))
-            self._file.close()
-            if exc_type is None:
-                os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give it normal permissions
-                os.replace(self._tmp, self.path)
-        finally:
-            if os.path.exists(self._tmp):
-                os.unlink(self._tmp)
+        if exc_type is None:
+            try:
+                if self._resampler is not None:
+                    self._write(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+                if self._frames is not None and self.frames_written < self._frames:
+                    self._write(np.zeros(self._frames - self.frames_written, np.float32))
+            except BaseException as e:
+                if not self._stack.__exit__(type(e), e, e.__traceback__):
+                    raise
+                return
+        self._stack.__exit__(exc_type, exc, tb)  # closes the file, then renames or removes it
 
 
 def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, progress=None) -> AudioInfo:
@@ -174,7 +177,7 @@ def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, prog
             if progress is not None:
                 progress(block.shape[0] / SAMPLE_RATE_HZ)
 
-    with AtomicWriter(dst, info.sample_rate_hz, frames=info.frames) as writer:
+    with AudioWriter(dst, info.sample_rate_hz, frames=info.frames) as writer:
         for out in session.iter_process(blocks()):
             writer.write(out)
     return info

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from rtanon import __version__
+from rtanon.errors import UserError
 
 #: Subcommand modules, in the order ``rtanon --help`` lists them.
 COMMANDS = [
@@ -44,10 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
-        from rtanon.errors import USER_ERRORS
-
-        if isinstance(exc, USER_ERRORS):
-            print(f"rtanon {args.command}: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except UserError as exc:
+        print(f"rtanon {args.command}: error: {exc}", file=sys.stderr)
+        return 2

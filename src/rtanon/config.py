@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rtanon.constants import SAMPLE_RATE_HZ  # noqa: F401  (the stream format's rate; defined once there)
+from rtanon.errors import UserError
 
 #: Chunk sizes the engine accepts, in ms (webrtcvad works on 10 ms frames).
 ALLOWED_CHUNK_MS = (10, 20, 30, 40)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration value is out of range; the message says how to fix it."""
 
 

@@ -1,16 +1,16 @@
-"""Exceptions that mean "the user asked for something impossible": the CLI
-prints them in one line (no traceback) and exits with status 2."""
+"""The one base class for "the user asked for something impossible".
 
-from rtanon.audio_io import AudioFileError
-from rtanon.config import ConfigError
-from rtanon.kaldi import KaldiDirError
-from rtanon.neural.backends import BackendUnavailable
-from rtanon.stages.neural import VocoderMissing
+Every module raises its own subclass of :class:`UserError` (``AudioFileError``,
+``ConfigError``, ``KaldiDirError``, ``BackendUnavailable``, ``VocoderMissing``,
+``CliError``); the CLI prints any of them in one line, without a traceback,
+and exits with status 2. This module imports nothing of rtanon, so any module
+may import it.
+"""
 
 
-class CliError(Exception):
+class UserError(Exception):
+    """A request that cannot be carried out as given; the message says what to do."""
+
+
+class CliError(UserError):
     """A bad command-line value or missing system piece; the message says what to do."""
-
-
-USER_ERRORS: tuple[type[BaseException], ...] = (AudioFileError, ConfigError, KaldiDirError, CliError,
-                                                BackendUnavailable, VocoderMissing)

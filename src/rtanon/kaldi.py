@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rtanon import atomic
+from rtanon.errors import UserError
 
-class KaldiDirError(Exception):
+
+class KaldiDirError(UserError):
     """A Kaldi-style directory is missing a file or has a malformed line."""
 
 
@@ -33,7 +36,7 @@ def _read_map(path: Path, required: bool = True) -> dict[str, str]:
 
 def write_map(path: Path, table: dict[str, str]) -> None:
     """Writes a Kaldi-style ``<key> <value>`` file, sorted by key."""
-    path.write_text("".join(f"{k} {v}\n" for k, v in sorted(table.items())), encoding="utf-8")
+    atomic.write_text(path, "".join(f"{k} {v}\n" for k, v in sorted(table.items())))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def run(args) -> int:
 
     import numpy as np
 
-    from rtanon.audio_io import AtomicWriter, read_audio
+    from rtanon.audio_io import AudioWriter, read_audio
     from rtanon.commands._common import anonymizer_from_args, identity_from_args
     from rtanon.config import SAMPLE_RATE_HZ
     from rtanon.resources import demo_speech_path
@@ -38,7 +38,7 @@ def run(args) -> int:
     out = Path(args.out)
     orig = out.with_name(out.stem + "-original" + out.suffix)
     for path, sig in ((orig, x), (out, y)):
-        with AtomicWriter(path) as w:
+        with AudioWriter(path) as w:
             w.write(sig)
     audio_s = len(x) / SAMPLE_RATE_HZ
     corr = float(np.corrcoef(x, y)[0, 1])

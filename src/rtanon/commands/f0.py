@@ -18,10 +18,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import os
-    import tempfile
     from pathlib import Path
 
+    from rtanon.atomic import atomic_open
     from rtanon.audio_io import probe, read_audio
     from rtanon.errors import CliError
     from rtanon.f0.tracker import frame_times_s, resolve_kernel, track
@@ -35,16 +34,10 @@ def run(args) -> int:
     out = Path(args.output)
     if not out.parent.is_dir() and str(out.parent):
         raise CliError(f"{out}: folder {out.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent if str(out.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write("time_s,f0_hz\n")
-            for t, v in zip(frame_times_s(f0.shape[0]), f0):
-                f.write(f"{t:.2f},{v:.2f}\n")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_open(out, "w", encoding="ascii") as f:
+        f.write("time_s,f0_hz\n")
+        for t, v in zip(frame_times_s(f0.shape[0]), f0):
+            f.write(f"{t:.2f},{v:.2f}\n")
     voiced = int((f0 > 0).sum())
     print(f"wrote {out}: {f0.shape[0]} frames of 10 ms ({info.seconds:.2f} s), {voiced} voiced, kernel {kernel}")
     return 0

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon import atomic
+
 
 def file_key(tag: str, path: str | os.PathLike) -> str:
     p = Path(path).resolve()
@@ -75,13 +77,10 @@ class AnalysisCache:
             _atomic_npz(self.dir / "f0.npz", keys=np.array(keys), values=np.concatenate(arrays), offsets=offsets)
         keys = sorted(self._used["text"])
         if keys:
-            tmp = self.dir / "transcripts.json.tmp"
-            tmp.write_text(json.dumps({k: self._data["text"][k] for k in keys}, indent=0, ensure_ascii=False),
-                           encoding="utf-8")
-            tmp.replace(self.dir / "transcripts.json")
+            atomic.write_text(self.dir / "transcripts.json",
+                              json.dumps({k: self._data["text"][k] for k in keys}, indent=0, ensure_ascii=False))
 
 
 def _atomic_npz(path: Path, **arrays) -> None:
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    with atomic.atomic_open(path) as f:
+        np.savez(f, **arrays)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon import atomic
+
 SCENARIO_TITLES = {"ignorant": "Ignorant", "lazy_informed": "Lazy-informed", "semi_informed": "Semi-informed"}
 
 
@@ -32,11 +34,16 @@ def _json_safe(x):
     return x
 
 
+def _save_png(fig, path: Path, dpi: int) -> None:
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+
+
 def write_report(out: Path, result: dict, plots: dict) -> None:
     out = Path(out)
-    (out / "report.json").write_text(json.dumps(_json_safe(result), indent=2) + "\n", encoding="utf-8")
+    atomic.write_text(out / "report.json", json.dumps(_json_safe(result), indent=2) + "\n")
     figures = _plots(out, result, plots)
-    (out / "report.md").write_text(markdown(result, figures), encoding="utf-8")
+    atomic.write_text(out / "report.md", markdown(result, figures))
 
 
 def _fmt(x, pct: bool = False, digits: int = 3) -> str:
@@ -166,7 +173,7 @@ def _plots(out: Path, result: dict, plots: dict) -> list[str]:
         fig.colorbar(im, ax=ax, label="voice similarity S(i, j)")
         fig.tight_layout()
         f = f"similarity_{name}.png"
-        fig.savefig(out / f, dpi=110)
+        _save_png(fig, out / f, dpi=110)
         plt.close(fig)
         files.append(f)
 
@@ -184,7 +191,7 @@ def _plots(out: Path, result: dict, plots: dict) -> list[str]:
         fig.suptitle(name)
         fig.tight_layout()
         f = f"scores_{name}.png"
-        fig.savefig(out / f, dpi=100)
+        _save_png(fig, out / f, dpi=100)
         plt.close(fig)
         files.append(f)
 
@@ -215,7 +222,7 @@ def _plots(out: Path, result: dict, plots: dict) -> list[str]:
     axes[2].set_ylabel("WER (%)")
     axes[2].set_xticks(np.arange(len(systems)), systems, fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "summary.png", dpi=100)
+    _save_png(fig, out / "summary.png", dpi=100)
     plt.close(fig)
     files.append("summary.png")
     return files

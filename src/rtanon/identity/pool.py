@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon.atomic import atomic_open
 from rtanon.identity.pitch import QUANTILE_LEVELS
 
 POOL_FORMAT_VERSION = 1
@@ -88,15 +89,14 @@ class SpeakerPool:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(self.meta, format_version=POOL_FORMAT_VERSION)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, meta=np.array(json.dumps(meta, sort_keys=True)),
-                            speaker_ids=self.speaker_ids.astype(str), embeddings=self.embeddings.astype(np.float32),
-                            genders=self.genders.astype("<U1"), ages_years=self.ages_years.astype(np.float32),
-                            corpora=self.corpora.astype(str), f0_quantiles_hz=self.f0_quantiles_hz.astype(np.float32),
-                            voiced_frames=self.voiced_frames.astype(np.int32),
-                            utt_embeddings=self.utt_embeddings.astype(np.float16),
-                            utt_speaker=self.utt_speaker.astype(np.int32))
-        tmp.replace(path)
+        with atomic_open(path) as f:
+            np.savez_compressed(f, meta=np.array(json.dumps(meta, sort_keys=True)),
+                                speaker_ids=self.speaker_ids.astype(str), embeddings=self.embeddings.astype(np.float32),
+                                genders=self.genders.astype("<U1"), ages_years=self.ages_years.astype(np.float32),
+                                corpora=self.corpora.astype(str), f0_quantiles_hz=self.f0_quantiles_hz.astype(np.float32),
+                                voiced_frames=self.voiced_frames.astype(np.int32),
+                                utt_embeddings=self.utt_embeddings.astype(np.float16),
+                                utt_speaker=self.utt_speaker.astype(np.int32))
 
     @classmethod
     def load(cls, path: str | Path) -> "SpeakerPool":

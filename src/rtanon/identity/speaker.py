@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon import atomic
 from rtanon.identity.generate import Generator, GmmConfig
 from rtanon.identity.pool import SpeakerPool, unit_norm
 from rtanon.identity.select import DISTANCES, GENDER_CHOICES, PROXIMITIES, SelectionConfig, Selector
@@ -63,10 +64,8 @@ class PseudoSpeaker:
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
         body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in self.to_json().items())
-        tmp.write_text("{\n" + body + "\n}\n", encoding="utf-8")
-        tmp.replace(path)
+        atomic.write_text(path, "{\n" + body + "\n}\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "PseudoSpeaker":

@@ -38,10 +38,12 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from rtanon import atomic
 from rtanon.constants import FRAME_SAMPLES
+from rtanon.errors import UserError
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(UserError, RuntimeError):
     """The backend's package or device is missing; the message says what to install."""
 
 
@@ -253,9 +255,7 @@ class TensorRtBackend:
         if not engine_path.exists():
             engine_path.parent.mkdir(parents=True, exist_ok=True)
             plan = self._build(onnx_path, logger, max_batch, max_frames, fp16)
-            tmp = engine_path.with_suffix(".tmp")
-            tmp.write_bytes(plan)
-            os.replace(tmp, engine_path)
+            atomic.write_bytes(engine_path, plan)
         self.engine_path = engine_path
         self._engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
         self._context = self._engine.create_execution_context()

@@ -45,6 +45,7 @@ import numpy as np
 
 from rtanon.config import ConfigError, NeuralConfig
 from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES
+from rtanon.errors import UserError
 from rtanon.neural.config import VocoderConfig
 from rtanon.stages.base import check_chunk
 
@@ -55,7 +56,7 @@ PACKAGED_CHECKPOINT = "generator.pt"
 CONFIG_METADATA_KEY = "rtanon_vocoder_config"
 
 
-class VocoderMissing(FileNotFoundError):
+class VocoderMissing(UserError, FileNotFoundError):
     """No vocoder weights where they were looked for; the message says how to get some."""
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon.atomic import atomic_open
 from rtanon.constants import FRAME_SAMPLES
 from rtanon.train.teacher import (TEACHER_DIM, CorpusCache, assign_units, build_cache,
                                      fit_units)
@@ -291,12 +292,11 @@ def train_content(cfg: TrainConfig) -> Path:
              len(batches.items))
 
     def save():
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_s": train_s,
-                    "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                    "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz"),
-                    "head": head.state_dict() if head is not None else None},
-                   str(ckpt_path) + ".tmp")
-        Path(str(ckpt_path) + ".tmp").replace(ckpt_path)
+        with atomic_open(ckpt_path) as f:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_s": train_s,
+                        "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                        "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz"),
+                        "head": head.state_dict() if head is not None else None}, f)
         log.info("checkpoint step %d (%.1f min trained)", step, train_s / 60)
 
     run_start = time.time()

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
+from rtanon.atomic import atomic_open, atomic_path
 from rtanon.constants import FRAME_SAMPLES
 
 
@@ -28,7 +29,8 @@ def _set_metadata(path: Path, entries: dict[str, str]) -> None:
     for key, value in entries.items():
         prop = model.metadata_props.add()
         prop.key, prop.value = key, value
-    onnx.save(model, str(path))
+    with atomic_path(path) as tmp:
+        onnx.save(model, str(tmp))
 
 
 def export_content_onnx(model, path: str | Path, opset: int = 17) -> Path:
@@ -44,8 +46,8 @@ def export_content_onnx(model, path: str | Path, opset: int = 17) -> Path:
     dynamic = {"audio": {1: "n_samples"}, "probs": {1: "n_frames"}, "z": {1: "n_frames"}}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
-        torch.onnx.export(model, (audio, *state), str(path), input_names=["audio", *names],
+    with torch.no_grad(), atomic_path(path) as tmp:
+        torch.onnx.export(model, (audio, *state), str(tmp), input_names=["audio", *names],
                           output_names=["probs", "z", *[f"new_{n}" for n in names]],
                           dynamic_axes=dynamic, opset_version=opset, dynamo=False)
     _set_metadata(path, {CONFIG_METADATA_KEY: json.dumps(model.cfg.to_dict())})
@@ -83,9 +85,9 @@ def export_vocoder_onnx(model, path: str | Path, frames: int = 1, opset: int = 1
             return self.inner.forward_stream(*a)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), atomic_path(path) as tmp:
         warnings.simplefilter("ignore")
-        torch.onnx.export(_Step(m), args, str(path), input_names=inputs, output_names=outputs,
+        torch.onnx.export(_Step(m), args, str(tmp), input_names=inputs, output_names=outputs,
                           dynamic_axes=dyn, opset_version=opset, dynamo=False, do_constant_folding=True)
     _set_metadata(path, {"rtanon_vocoder_config": json.dumps(asdict(cfg))})
     return path
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print(f"wrote {args.output}")
     if args.weights:
         ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-        torch.save({"model": model.state_dict(), "model_config": model.cfg.to_dict(), "step": ck.get("step"),
-                    "train_s": ck.get("train_s")}, args.weights)
+        with atomic_open(args.weights) as f:
+            torch.save({"model": model.state_dict(), "model_config": model.cfg.to_dict(), "step": ck.get("step"),
+                        "train_s": ck.get("train_s")}, f)
         print(f"wrote {args.weights}")
     return 0

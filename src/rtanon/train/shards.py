@@ -58,13 +58,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from rtanon.atomic import atomic_open, write_text
 from rtanon.constants import FRAME_RATE_HZ, FRAME_SAMPLES, HOP_RATE_HZ, SAMPLE_RATE_HZ
 
 SHARD_FORMAT = "rtanon-vocoder-shards-v1"
@@ -120,11 +120,10 @@ class ShardWriter:
             return
         name = f"shard_{len(self._entries):05d}.npz"
         path = self.out_dir / name
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, units=np.concatenate(self._buf["units"]), f0_hz=np.concatenate(self._buf["f0_hz"]),
-                 audio=np.concatenate(self._buf["audio"]), frames=np.asarray(self._buf["frames"], np.int32),
-                 speaker=np.asarray(self._buf["speaker"], np.int32), utt_ids=np.asarray(self._buf["utt_ids"]))
-        os.replace(tmp, path)
+        with atomic_open(path) as f:
+            np.savez(f, units=np.concatenate(self._buf["units"]), f0_hz=np.concatenate(self._buf["f0_hz"]),
+                     audio=np.concatenate(self._buf["audio"]), frames=np.asarray(self._buf["frames"], np.int32),
+                     speaker=np.asarray(self._buf["speaker"], np.int32), utt_ids=np.asarray(self._buf["utt_ids"]))
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         self._entries.append({"file": name, "utterances": len(self._buf["frames"]),
                               "frames": int(sum(self._buf["frames"])), "bytes": path.stat().st_size,
@@ -136,14 +135,15 @@ class ShardWriter:
         emb = np.asarray(speaker_embeddings, np.float32)
         if emb.ndim != 2 or emb.shape[0] != len(speaker_ids):
             raise ValueError(f"speaker_embeddings must be ({len(speaker_ids)}, S), got {emb.shape}")
-        np.savez(self.out_dir / "speakers.npz", embeddings=emb, ids=np.asarray(speaker_ids))
+        with atomic_open(self.out_dir / "speakers.npz") as f:
+            np.savez(f, embeddings=emb, ids=np.asarray(speaker_ids))
         manifest = {"format": SHARD_FORMAT, "units_dim": self.units_dim, "units_kind": "z",
                     "content_sha256": self.content_sha256,
                     "speaker_dim": int(emb.shape[1]),
                     "sample_rate_hz": SAMPLE_RATE_HZ, "frame_rate_hz": FRAME_RATE_HZ, "f0_rate_hz": HOP_RATE_HZ,
                     "speakers": list(speaker_ids), "shards": self._entries}
         path = self.out_dir / "manifest.json"
-        path.write_text(json.dumps(manifest, indent=1))
+        write_text(path, json.dumps(manifest, indent=1))
         return path
 
 

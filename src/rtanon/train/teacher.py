@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon import atomic
+from rtanon.atomic import atomic_open
 from rtanon.constants import FRAME_SAMPLES
 from rtanon.kaldi import KaldiDir
 
@@ -127,7 +129,8 @@ def build_cache(data_dir: Path, cache_root: Path, threads: int = 1) -> CorpusCac
     audio_len = np.array(lengths, dtype=np.int64)
     audio_offset = np.concatenate([[0], np.cumsum(audio_len)[:-1]]).astype(np.int64)
     audio_all = np.concatenate([a[:n] for a, n in zip(audios, lengths)])
-    np.save(out / "audio.npy", np.round(audio_all * 32767.0).astype(np.int16))
+    with atomic_open(out / "audio.npy") as f:
+        np.save(f, np.round(audio_all * 32767.0).astype(np.int16))
 
     fe = fw.FeatureExtractor(feature_size=80)
     model = ct2.models.Whisper(str(teacher_model_path()), device="cpu", compute_type="float32",
@@ -146,8 +149,9 @@ def build_cache(data_dir: Path, cache_root: Path, threads: int = 1) -> CorpusCac
             teacher[frame_offset[i]:frame_offset[i] + n] = enc[f0:f0 + n]
         if w % 20 == 0:
             log.info("%s: teacher window %d/%d", data_dir.name, w + 1, len(windows))
-    np.save(out / "teacher.npy", teacher)
-    (out / "index.json").write_text(json.dumps({
+    with atomic_open(out / "teacher.npy") as f:
+        np.save(f, teacher)
+    atomic.write_text(out / "index.json", json.dumps({
         "source": str(data_dir), "utts": utts, "spk": [kd.utt2spk[u] for u in utts],
         "audio_offset": audio_offset.tolist(), "audio_len": audio_len.tolist(),
         "frame_offset": frame_offset.tolist(), "frame_len": frame_len.tolist(),
@@ -172,7 +176,8 @@ def fit_units(caches: list[CorpusCache], k: int, out_path: Path, seed: int = 0,
     km = cluster.MiniBatchKMeans(n_clusters=k, random_state=seed, batch_size=4096, n_init=3,
                                  max_iter=100).fit((feats[sel] - mean) / std)
     out = {"mean": mean, "std": std, "centers": km.cluster_centers_.astype(np.float32)}
-    np.savez(out_path, **out)
+    with atomic_open(out_path) as f:
+        np.savez(f, **out)
     return out
 
 
@@ -189,5 +194,6 @@ def assign_units(cache: CorpusCache, km: dict, k: int) -> np.ndarray:
     for i in range(0, len(x), 65536):
         xb = x[i:i + 65536]
         units[i:i + 65536] = np.argmin(cc[None, :] - 2.0 * xb @ c.T, axis=1)
-    np.save(path, units)
+    with atomic_open(path) as f:
+        np.save(f, units)
     return units

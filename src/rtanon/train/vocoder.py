@@ -40,6 +40,7 @@ from typing import Callable
 
 import numpy as np
 
+from rtanon.atomic import atomic_open, write_text
 from rtanon.config import ConfigError
 from rtanon.constants import FRAME_SAMPLES
 from rtanon.neural.config import VocoderConfig
@@ -88,13 +89,10 @@ def content_consistency_loss(content_model, fake, real):
 
 
 def _torch_save(obj, path: Path) -> None:
-    import os
-
     import torch
 
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_open(path) as f:
+        torch.save(obj, f)
 
 
 def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
@@ -152,7 +150,7 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     run_dir = Path(run_dir)
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config.to_json(), indent=1, default=list))
+    write_text(run_dir / "config.json", json.dumps(config.to_json(), indent=1, default=list))
 
     torch.manual_seed(config.seed)
     random.seed(config.seed)

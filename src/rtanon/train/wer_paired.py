@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rtanon import atomic
+
 
 def _row(utt: str, seed: int | None, reference: str, transcript: str) -> dict:
     """One utterance's result: normalised texts and its substitutions, deletions and insertions."""
@@ -69,7 +71,7 @@ def run(args) -> int:
         rows.append(_row(utt, args.seed_base + k, data.text[utt], asr.transcribe(y)))
         print(f"\r{i + 1}/{len(picked)} utterances", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    Path(args.out).write_text(json.dumps(rows, indent=0))
+    atomic.write_text(args.out, json.dumps(rows, indent=0))
     n = sum(r["n"] for r in rows)
     s, d, ins = (sum(r[k] for r in rows) for k in ("s", "d", "i"))
     print(f"{args.out}: {len(rows)} utterances, WER {100 * (s + d + ins) / n:.1f} % (substitutions "
@@ -100,7 +102,7 @@ def from_eval(args) -> int:
         if utt not in hyps:
             raise SystemExit(f"{args.eval_dir}: no cached transcript of {utt} for system {args.system}")
         rows.append(_row(utt, None, data.text[utt], hyps[utt]))
-    Path(args.out).write_text(json.dumps(rows, indent=0))
+    atomic.write_text(args.out, json.dumps(rows, indent=0))
     n = sum(r["n"] for r in rows)
     print(f"{args.out}: {len(rows)} utterances, WER {100 * sum(errors(rows)) / n:.1f} %")
     return 0

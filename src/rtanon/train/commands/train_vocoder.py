@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rtanon.atomic import atomic_open
+
 
 def register(sub) -> None:
     from rtanon.train.vocoder_config import TrainConfig
@@ -100,7 +102,8 @@ def run(args) -> int:
     elif args.init:
         # the content it will be trained on from now is the shards', whatever --init was trained on
         vocoder = replace(load_generator(args.init).config, content_sha256=data.content_sha256)
-        torch.save(warm_start(args.init, vocoder), args.out / "generator.pt")
+        with atomic_open(args.out / "generator.pt") as f:
+            torch.save(warm_start(args.init, vocoder), f)
     content_model = None
     if args.content_loss > 0:
         if args.content_weights is None or not args.content_weights.exists():

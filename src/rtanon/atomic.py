@@ -1,0 +1,83 @@
+"""The one atomic file writer: a file appears under its final name complete,
+or not at all.
+
+Everything rtanon writes (audio, identities, pools, caches, checkpoints,
+shards, engines, reports) goes through :func:`atomic_path` or
+:func:`atomic_open`. The data goes to a hidden temporary file beside the
+target, ``.NAME.XXXXXXXX.part``, which replaces the target only when the
+block exits without an exception and is removed otherwise. A process killed
+with SIGKILL cannot clean up; :func:`remove_leftovers` sweeps what such a run
+left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+PART_SUFFIX = ".part"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary path to write in place of ``path``.
+
+    On a clean exit the temporary file gets ordinary permissions (0666 less
+    the umask) and replaces ``path``; on any exception it is removed and
+    ``path`` is left as it was. The folder must exist.
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PART_SUFFIX, dir=directory)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
+    """``open(path, mode)`` through :func:`atomic_path` (``mode`` ``"w"`` or
+    ``"wb"``): the file object writes the temporary file."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes whole files: mode 'w' or 'wb', not {mode!r}")
+    with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as f:
+        yield f
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically."""
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def remove_leftovers(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Removes temporary files that a killed run left in ``directory`` (only
+    those for ``name`` when given) and returns what it removed."""
+    pattern = f".{name}.*{PART_SUFFIX}" if name else f".*{PART_SUFFIX}"
+    removed = []
+    for p in Path(directory).glob(pattern):
+        if p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
