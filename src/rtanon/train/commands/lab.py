@@ -14,7 +14,7 @@ import importlib
 TOOLS = {
     "export-content": ("export", "a content encoder checkpoint to the ONNX graph the run time loads"),
     "content-eval": ("content_eval", "the content encoder's held-out figures: teacher top-1, probe R2, "
-                                     "speaker-ID (and a phone head's error rate)"),
+                                     "speaker-ID"),
     "wer-paired": ("wer_paired", "per-utterance WER of a system with a fresh voice per utterance, and paired "
                                  "bootstrap comparisons between systems"),
     "probe": ("probes", "where the neural voice loses intelligibility: the synthesiser's floor, what the "
