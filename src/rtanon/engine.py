@@ -93,6 +93,7 @@ class Session:
         level = cfg.vad.comfort_noise_dbfs
         self._noise_rms = 0.0 if level is None else float(10.0 ** (level / 20.0))
         self._gain = 0.0
+        self.last_speech = False  # the gate of the last chunk (a live UI shows it; voice changes wait for it)
 
     @property
     def algorithmic_latency_samples(self) -> int:
@@ -148,6 +149,7 @@ class Session:
             speech, y = False, np.zeros_like(x)
         self.counters.chunks += 1
         self.counters.speech_chunks += bool(speech)
+        self.last_speech = bool(speech)
         target = 1.0 if speech else 0.0
         ramp = np.linspace(self._gain, target, self.chunk_samples, endpoint=False, dtype=np.float32)
         self._gain = target

@@ -52,8 +52,79 @@ class LiveConfig:
             raise ConfigError(f"resampler_quality={self.resampler_quality!r}; use QQ, LQ, MQ, HQ or VHQ")
 
 
+class _OutputPath:
+    """One output device: a ring buffer of processed audio at its rate, the
+    resampler from 16 kHz, and comfort noise made up front (no RNG in the callback)."""
+
+    def __init__(self, session: Session, rate_hz: int, quality: str) -> None:
+        self.rate_hz = int(rate_hz)
+        self.ring = RingBuffer(2 * self.rate_hz)
+        self.from16 = (soxr.ResampleStream(SAMPLE_RATE_HZ, self.rate_hz, 1, dtype="float32", quality=quality)
+                       if self.rate_hz != SAMPLE_RATE_HZ else None)
+        self.noise = np.ascontiguousarray(
+            _resample_block(session.comfort_noise(SAMPLE_RATE_HZ), SAMPLE_RATE_HZ, self.rate_hz))
+        self.noise_pos = 0
+        self.flowing = False  # set once the worker has written processed audio
+        self.mean_square = 0.0  # of the last block played (the output meter)
+        self._low_water = None  # least audio left in the queue when new audio came, this window
+        self._window_start = time.monotonic()
+
+    def fill_noise(self, out: np.ndarray) -> None:
+        n, pos, noise = out.shape[0], self.noise_pos, self.noise
+        idx = (pos + np.arange(n)) % noise.shape[0]
+        out[:] = noise[idx]
+        self.noise_pos = (pos + n) % noise.shape[0]
+
+    def play(self, out: np.ndarray, muted: bool) -> bool:
+        """Fills ``out``; returns False when processed audio ran short (a missed deadline)."""
+        if muted:  # comfort noise from this very block on; what was queued is dropped
+            self.ring.discard(self.ring.readable)
+            self.fill_noise(out)
+            ok = True
+        else:
+            got = self.ring.read_into(out)
+            ok = got == out.shape[0] or not self.flowing
+            if got < out.shape[0]:
+                self.fill_noise(out[got:])
+        self.mean_square = float(np.dot(out, out)) / max(1, out.shape[0])
+        return ok
+
+    def push(self, y16: np.ndarray, jitter_ms: int, max_queue_ms: int, window_s: float = 2.0) -> int:
+        """Queues 16 kHz output; returns 1 when the queue had to be trimmed: beyond ``max_queue_ms``
+        (clock drift), or when for ``window_s`` it never ran below ``jitter_ms`` plus one block's worth
+        (a burst at stream start-up that would otherwise stay as extra delay)."""
+        y = self.from16.resample_chunk(y16) if self.from16 is not None else y16
+        jitter = self.rate_hz * jitter_ms // 1000
+        if not self.flowing:
+            self.ring.write(self.noise[:jitter].copy())
+            self.flowing = True
+            self._window_start = time.monotonic()
+        left = self.ring.readable
+        self._low_water = left if self._low_water is None else min(self._low_water, left)
+        self.ring.write(np.ascontiguousarray(y, np.float32))
+        excess = self.ring.readable - self.rate_hz * max_queue_ms // 1000
+        if excess > 0:
+            self.ring.discard(excess)
+            return 1
+        if time.monotonic() - self._window_start >= window_s:
+            surplus, self._low_water = self._low_water - jitter - y.shape[0], None
+            self._window_start = time.monotonic()
+            if surplus > 0:
+                self.ring.discard(surplus)
+                return 1
+        return 0
+
+
 class LiveCore:
-    """Ring buffers + worker between an input and an output callback."""
+    """Ring buffers + worker between an input and an output callback.
+
+    Controls for a live UI, safe to use while audio runs: ``muted`` (the
+    output callbacks play comfort noise from their next block on);
+    ``replace_session(session, at_pause)`` (the worker swaps sessions between
+    two input blocks, at once or, with ``at_pause``, once the current one's
+    gate is closed, so a word is never cut); ``set_monitor(rate)`` (a second
+    output, e.g. headphones, that plays the same anonymized audio through
+    ``on_monitor``)."""
 
     def __init__(self, session: Session, in_rate_hz: int, out_rate_hz: int,
                  config: LiveConfig | None = None) -> None:
@@ -62,18 +133,14 @@ class LiveCore:
         self.session = session
         self.in_rate_hz, self.out_rate_hz = int(in_rate_hz), int(out_rate_hz)
         self._in_ring = RingBuffer(2 * self.in_rate_hz)
-        self._out_ring = RingBuffer(2 * self.out_rate_hz)
         q = self.config.resampler_quality
         self._to16 = (soxr.ResampleStream(self.in_rate_hz, SAMPLE_RATE_HZ, 1, dtype="float32", quality=q)
                       if self.in_rate_hz != SAMPLE_RATE_HZ else None)
-        self._from16 = (soxr.ResampleStream(SAMPLE_RATE_HZ, self.out_rate_hz, 1, dtype="float32", quality=q)
-                        if self.out_rate_hz != SAMPLE_RATE_HZ else None)
-        # comfort noise for the output callback, made up front (no RNG in the callback)
-        self._noise = np.ascontiguousarray(
-            _resample_block(session.comfort_noise(SAMPLE_RATE_HZ), SAMPLE_RATE_HZ, self.out_rate_hz))
-        self._noise_pos = 0
+        self._out = _OutputPath(session, self.out_rate_hz, q)
+        self._monitor: _OutputPath | None = None
         self._pending = np.zeros(0, np.float32)
-        self._flowing = False  # set once the worker has produced output
+        self._next_session: tuple[Session, bool] | None = None
+        self.muted = False
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
@@ -81,6 +148,7 @@ class LiveCore:
         self.drift_trims = 0
         self.input_skips = 0
         self.worker_errors = 0
+        self.session_swaps = 0
 
     # -- callbacks: copies only ------------------------------------------------
     def on_input(self, samples: np.ndarray) -> None:
@@ -91,17 +159,40 @@ class LiveCore:
 
     def on_output(self, out: np.ndarray) -> None:
         """Output callback body: fills all of ``out`` (1-D float32 at ``out_rate_hz``)."""
-        got = self._out_ring.read_into(out)
-        if got < out.shape[0]:
-            self._fill_noise(out[got:])
-            if self._flowing:
-                self.session.counters.missed_deadlines += 1
+        if not self._out.play(out, self.muted):
+            self.session.counters.missed_deadlines += 1
 
-    def _fill_noise(self, out: np.ndarray) -> None:
-        n, pos, noise = out.shape[0], self._noise_pos, self._noise
-        idx = (pos + np.arange(n)) % noise.shape[0]
-        out[:] = noise[idx]
-        self._noise_pos = (pos + n) % noise.shape[0]
+    def on_monitor(self, out: np.ndarray) -> None:
+        """Monitor callback body: the same audio as ``on_output``, at the monitor's rate."""
+        monitor = self._monitor
+        if monitor is None:
+            out[:] = 0.0
+        else:
+            monitor.play(out, self.muted)
+
+    # -- controls ----------------------------------------------------------------
+    def set_monitor(self, rate_hz: int | None) -> None:
+        """Starts (a rate) or stops (None) feeding a monitor output."""
+        self._monitor = None if rate_hz is None else _OutputPath(self.session, rate_hz,
+                                                                 self.config.resampler_quality)
+
+    def replace_session(self, session: Session, at_pause: bool = False) -> None:
+        """Makes the worker continue with ``session`` (its counters become the old ones)."""
+        self._next_session = (session, at_pause)
+
+    @property
+    def session_pending(self) -> bool:
+        return self._next_session is not None
+
+    @property
+    def next_session(self) -> Session | None:
+        """The session asked for and not swapped in yet."""
+        nxt = self._next_session
+        return None if nxt is None else nxt[0]
+
+    @property
+    def out_level_dbfs(self) -> float:
+        return 10.0 * float(np.log10(max(self._out.mean_square, 1e-12)))
 
     # -- worker -----------------------------------------------------------------
     def start(self) -> None:
@@ -121,10 +212,9 @@ class LiveCore:
 
     @property
     def queued_ms(self) -> float:
-        return 1000.0 * self._out_ring.readable / self.out_rate_hz
+        return 1000.0 * self._out.ring.readable / self.out_rate_hz
 
     def _run(self) -> None:
-        chunk = self.session.chunk_samples
         block = max(1, self.in_rate_hz * self.config.block_ms // 1000)
         while not self._stop.is_set():
             self._wake.wait(timeout=0.05)
@@ -136,10 +226,21 @@ class LiveCore:
                     self.input_skips += 1
                 x = self._in_ring.read(self._in_ring.readable)
                 try:
-                    self._process(x, chunk)
+                    self._swap_session()
+                    self._process(x, self.session.chunk_samples)
                 except Exception as exc:  # the output callback keeps playing comfort noise
                     self.worker_errors += 1
                     self.session.counters.last_error = f"worker: {type(exc).__name__}: {exc}"
+
+    def _swap_session(self) -> None:
+        nxt = self._next_session
+        if nxt is None or (nxt[1] and self.session.last_speech):
+            return
+        session, _ = nxt
+        session.counters = self.session.counters
+        self.session = session  # its gate starts closed: comfort noise until it hears speech
+        self._next_session = None
+        self.session_swaps += 1
 
     def _process(self, x: np.ndarray, chunk: int) -> None:
         rms = float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
@@ -151,16 +252,11 @@ class LiveCore:
         if not usable:
             return
         y = np.concatenate([self.session.process(c) for c in pending[:usable].reshape(-1, chunk)])
-        y = self._from16.resample_chunk(y) if self._from16 is not None else y
-        if not self._flowing:
-            jitter = self.out_rate_hz * self.config.jitter_ms // 1000
-            self._out_ring.write(self._noise[:jitter].copy())
-            self._flowing = True
-        self._out_ring.write(np.ascontiguousarray(y, np.float32))
-        excess = self._out_ring.readable - self.out_rate_hz * self.config.max_queue_ms // 1000
-        if excess > 0:
-            self._out_ring.discard(excess)
-            self.drift_trims += 1
+        cfg = self.config
+        self.drift_trims += self._out.push(y, cfg.jitter_ms, cfg.max_queue_ms)
+        monitor = self._monitor
+        if monitor is not None:
+            monitor.push(y, cfg.jitter_ms, cfg.max_queue_ms)
 
 
 def _resample_block(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:

@@ -60,6 +60,20 @@ def _names(kind: str, env: dict | None) -> list[str]:
     return [line.split("\t")[1] for line in _pactl(["list", "short", kind], env).splitlines() if "\t" in line]
 
 
+def list_devices(kind: str, env: dict | None = None) -> list[tuple[str, str]]:
+    """(name, description) of every ``"sources"`` or ``"sinks"`` entry of the sound server."""
+    rows, name = [], None
+    c_locale = {**(os.environ if env is None else env), "LC_ALL": "C"}  # untranslated field names
+    for line in _pactl(["list", kind], c_locale).splitlines():
+        line = line.strip()
+        if line.startswith("Name: "):
+            name = line[len("Name: "):]
+        elif line.startswith("Description: ") and name is not None:
+            rows.append((name, line[len("Description: "):]))
+            name = None
+    return rows
+
+
 @dataclass(frozen=True)
 class VirtualDeviceStatus:
     sink: bool

@@ -1,4 +1,4 @@
-"""``rtanon live``: microphone in, anonymized voice out, in real time."""
+"""``rtanon live``: microphone in, anonymized voice out, in real time (``--ui``: with a local control page)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,35 @@ def register(sub) -> None:
                     "result on the output device. With `rtanon virtual-device create` done, `--output rtanon` "
                     "feeds the microphone called rtanon that Zoom, Meet or a browser can pick. The status "
                     "line shows input level, latency, missed deadlines and device xruns; Ctrl-C stops. "
-                    "Non-speech, warm-up, a late worker or an error play comfort noise, never your voice.",
+                    "Non-speech, warm-up, a late worker or an error play comfort noise, never your voice. "
+                    "With --ui a local page (127.0.0.1, a random port and token) shows meters, latency and "
+                    "the voice, and offers device pickers, mute, new voice, method, chunk size and a monitor.",
         epilog="Devices: an index or name substring from `rtanon devices`, `pulse:NAME` for a "
-               "PulseAudio/PipeWire source or sink, `rtanon` for the virtual microphone's sink.")
-    p.add_argument("--input", metavar="DEV", default=None, help="input device (default: system default)")
-    p.add_argument("--output", metavar="DEV", default=None, help="output device (default: system default)")
+               "PulseAudio/PipeWire source or sink, `rtanon` for the virtual microphone's sink. "
+               "`rtanon ui` starts the page again with the last-used devices, method and chunk.")
+    add_device_args(p)
     add_engine_args(p)
     add_seed_arg(p)
-    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
-    p.add_argument("--device-rate", type=int, default=None, metavar="HZ",
-                   help="open both devices at this rate (default: 16000 if accepted, else the device's own)")
+    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (not with --ui)")
     p.add_argument("--quiet", action="store_true", help="no status line")
+    p.add_argument("--ui", action="store_true",
+                   help="serve a control page on 127.0.0.1 and open it in the browser (needs the [ui] extra); "
+                        "closing the page keeps the audio running, Ctrl-C stops")
+    add_ui_args(p)
     p.set_defaults(func=run)
+
+
+def add_device_args(p) -> None:
+    p.add_argument("--input", metavar="DEV", default=None, help="input device (default: system default)")
+    p.add_argument("--output", metavar="DEV", default=None, help="output device (default: system default)")
+    p.add_argument("--device-rate", type=int, default=None, metavar="HZ",
+                   help="open the devices at this rate (default: 16000 if accepted, else the device's own)")
+
+
+def add_ui_args(p) -> None:
+    p.add_argument("--monitor", metavar="DEV", default=None,
+                   help="with the page: also play the anonymized voice here (headphones), to hear what others hear")
+    p.add_argument("--no-browser", action="store_true", help="with the page: print its URL, do not open a browser")
 
 
 def run(args) -> int:
@@ -33,6 +50,14 @@ def run(args) -> int:
     from rtanon.errors import CliError
 
     import_sounddevice()
+    if args.ui:
+        from rtanon.live_control import LiveSettings
+
+        settings = LiveSettings(input=args.input, output=args.output, monitor=args.monitor, method=args.method,
+                                chunk_ms=args.chunk_ms)
+        return run_ui(args, settings)
+    if args.monitor is not None or args.no_browser:
+        raise CliError("--monitor and --no-browser go with --ui")
     from rtanon.live import run_live
 
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
@@ -45,4 +70,39 @@ def run(args) -> int:
     print(f"stopped: {c.chunks} chunks ({c.speech_chunks} speech), missed deadlines {c.missed_deadlines}, "
           f"xruns {c.input_overflows + c.output_underflows}, stage errors {c.stage_errors}, "
           f"worker errors {core.worker_errors}")
+    return 0
+
+
+def run_ui(args, settings) -> int:
+    """Runs the live anonymizer behind the control page until Ctrl-C."""
+    import sys
+
+    from rtanon.commands._common import config_from_args
+    from rtanon.errors import CliError
+    from rtanon.live_control import LiveControl
+
+    try:
+        from rtanon.ui.server import serve
+    except ImportError as exc:
+        raise CliError(f"the control page needs the [ui] extra ({exc}): pip install 'rtanon[ui]'") from None
+    if getattr(args, "duration", None) is not None:
+        raise CliError("--duration does not go with --ui (Ctrl-C stops)")
+    settings.validate()
+    control = LiveControl(settings, config_from_args(args), seed=getattr(args, "seed", None),
+                          identity=identity_from_args(args), device_rate_hz=args.device_rate)
+    try:
+        control.start()
+    except Exception as exc:  # the page stays up: pick another device there
+        control.last_error = f"could not start the audio: {exc}"
+        print(f"rtanon live: {control.last_error}", file=sys.stderr)
+    try:
+        serve(control, open_browser=not args.no_browser)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        control.stop()
+    c = control.session.counters if control.session is not None else None
+    if c is not None:
+        print(f"stopped: {c.chunks} chunks ({c.speech_chunks} speech), missed deadlines {c.missed_deadlines}, "
+              f"xruns {c.input_overflows + c.output_underflows}, stage errors {c.stage_errors}")
     return 0

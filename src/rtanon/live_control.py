@@ -1,0 +1,379 @@
+"""What a live UI controls, in one class that the web page and the tests drive.
+
+``LiveControl`` owns the audio streams, the ``LiveCore`` between them and
+the session, and offers the page's actions as methods (``start``, ``stop``,
+``set_mute``, ``new_voice``, ``set_method``, ``set_chunk_ms``,
+``set_devices``, ``create_virtual_mic``) plus ``act(dict)``, the same actions
+as JSON messages, and ``status()``, the figures the page shows.
+
+Fail closed through every switch: a new voice is a new ``Session`` swapped
+in by the worker at the next pause (its gate starts closed, so it plays
+comfort noise until it hears speech); a method or chunk change swaps a
+session of another ``Anonymizer`` at once; a device change closes the
+streams (nothing plays) and opens new ones around the same session. No path
+copies input to output.
+
+``LiveSettings`` (devices, monitor, method, chunk) are saved, through
+``rtanon.atomic``, to ``$XDG_CONFIG_HOME/rtanon/live-ui.json`` so that
+``rtanon ui`` starts where the last session left off. The pseudo-voice (seed,
+identity) is not saved, and the user's own voice never is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, SAMPLE_RATE_HZ, AnonymizerConfig, ConfigError, StreamConfig
+from rtanon.engine import Anonymizer, Session
+from rtanon.live import LiveConfig, LiveCore, pick_rate, resolve_device
+
+SETTINGS_NAME = "live-ui.json"
+
+
+@dataclass
+class LiveSettings:
+    """Devices as ``rtanon live`` takes them (None: the system default;
+    ``monitor`` None: no monitor), method and chunk size."""
+
+    input: str | None = None
+    output: str | None = None
+    monitor: str | None = None
+    method: str = AnonymizerConfig().method
+    chunk_ms: int = StreamConfig().chunk_ms
+
+    def validate(self) -> None:
+        if self.method not in METHOD_NAMES:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHOD_NAMES)}")
+        if self.chunk_ms not in ALLOWED_CHUNK_MS:
+            raise ConfigError(f"chunk_ms={self.chunk_ms}; use one of {ALLOWED_CHUNK_MS}")
+
+
+def settings_path() -> Path:
+    """Where the last-used settings live: the user's config dir (XDG)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "rtanon" / SETTINGS_NAME
+
+
+def load_settings(path: Path | None = None) -> LiveSettings:
+    """The saved settings, or the defaults when there are none (or they are unreadable)."""
+    path = path or settings_path()
+    try:
+        raw = json.loads(path.read_text())
+        known = {f.name for f in fields(LiveSettings)}
+        settings = LiveSettings(**{k: v for k, v in raw.items() if k in known})
+        settings.validate()
+        return settings
+    except (OSError, ValueError, TypeError):
+        return LiveSettings()
+
+
+def save_settings(settings: LiveSettings, path: Path | None = None) -> None:
+    from rtanon.atomic import write_text
+
+    path = path or settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(asdict(settings), indent=1) + "\n")
+
+
+def describe_voice(voice: dict) -> str:
+    """One short line about a session's pseudo-voice."""
+    if voice.get("method") == "mcadams":
+        text = f"McAdams, coefficient {voice['alpha']:.2f}"
+    elif voice.get("method") == "neural":
+        gender = {"f": "female", "m": "male"}.get(voice.get("gender"), str(voice.get("gender", "")))
+        text = f"{gender} pseudo-speaker, median F0 {voice.get('median_f0_hz', 0):.0f} Hz"
+    else:
+        text = ", ".join(f"{k} {v}" for k, v in voice.items())
+    if "identity" in voice:
+        text += " (pinned by an identity file)"
+    return text
+
+
+class LiveControl:
+    """The live anonymizer behind a control surface. Thread-safe: actions take a lock."""
+
+    def __init__(self, settings: LiveSettings, base_config: AnonymizerConfig | None = None, *,
+                 seed: int | None = None, identity=None, device_rate_hz: int | None = None,
+                 live_config: LiveConfig | None = None, settings_file: Path | None = None) -> None:
+        settings.validate()
+        self.settings = replace(settings)
+        self._base = base_config or AnonymizerConfig()
+        self._seed, self._identity = seed, identity  # the first session's voice, when pinned
+        self._device_rate = device_rate_hz
+        self._live_config = live_config or LiveConfig()
+        self._settings_file = settings_file
+        self._anonymizers: dict[tuple[str, int], Anonymizer] = {}
+        self._lock = threading.RLock()
+        self._env0 = {v: os.environ.get(v) for v in ("PULSE_SOURCE", "PULSE_SINK")}
+        self.session: Session | None = None
+        self.core: LiveCore | None = None
+        self._streams: list = []
+        self._device_latency_s = 0.0
+        self.muted = False
+        self.last_error = ""
+
+    # -- engine ------------------------------------------------------------------
+    def anonymizer(self, method: str, chunk_ms: int) -> Anonymizer:
+        """One Anonymizer per (method, chunk): models load once per process."""
+        key = (method, chunk_ms)
+        if key not in self._anonymizers:
+            cfg = replace(self._base, method=method, stream=StreamConfig(chunk_ms=chunk_ms))
+            self._anonymizers[key] = Anonymizer(cfg)
+        return self._anonymizers[key]
+
+    def _new_session(self, fresh: bool = False) -> Session:
+        s = self.settings
+        seed, identity = (None, None) if fresh else (self._seed, self._identity)
+        session = self.anonymizer(s.method, s.chunk_ms).open_session(seed=seed, identity=identity)
+        self._seed = None  # a seed pins the first voice only; an identity file pins every one
+        return session
+
+    def _save(self) -> None:
+        try:
+            save_settings(self.settings, self._settings_file)
+        except OSError as exc:  # the audio matters more than the memory of settings
+            self.last_error = f"could not save settings: {exc}"
+
+    # -- audio streams -------------------------------------------------------------
+    def _point_pulse(self, var: str, env: dict) -> None:
+        """Sets (or restores) the variable the ALSA pulse plugin reads when a stream opens."""
+        value = env.get(var, self._env0[var])
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+    def _open(self, kind: str, spec: str | None, callback, counters):
+        import sounddevice as sd
+
+        dev, env = resolve_device(spec, kind)
+        self._point_pulse("PULSE_SOURCE" if kind == "input" else "PULSE_SINK", env)
+        rate = pick_rate(dev, kind, self._device_rate)
+        block = rate * self._live_config.block_ms // 1000
+        if kind == "input":
+            def cb(indata, frames, time_info, status):
+                if status.input_overflow:
+                    counters.input_overflows += 1
+                callback(indata[:, 0])
+            cls = sd.InputStream
+        else:
+            def cb(outdata, frames, time_info, status):
+                if status.output_underflow:
+                    counters.output_underflows += 1
+                callback(outdata[:, 0])
+            cls = sd.OutputStream
+        stream = cls(device=dev, channels=1, samplerate=rate, dtype="float32", blocksize=block,
+                     latency="low", callback=cb)
+        return stream, rate
+
+    @property
+    def running(self) -> bool:
+        return bool(self._streams)
+
+    def start(self) -> None:
+        """Opens the devices and starts anonymizing (a no-op when running)."""
+        with self._lock:
+            if self.running:
+                return
+            if self.session is None:
+                self.session = self._new_session()
+            s, session = self.settings, self.session
+            counters = session.counters
+            streams = []
+            try:
+                holder: dict = {}
+                in_stream, in_rate = self._open("input", s.input, lambda x: holder["core"].on_input(x), counters)
+                streams.append(in_stream)
+                out_stream, out_rate = self._open("output", s.output, lambda y: holder["core"].on_output(y),
+                                                  counters)
+                streams.append(out_stream)
+                core = LiveCore(session, in_rate, out_rate, self._live_config)
+                holder["core"] = core
+                if s.monitor is not None:
+                    mon_stream, mon_rate = self._open("output", s.monitor, core.on_monitor, counters)
+                    streams.append(mon_stream)
+                    core.set_monitor(mon_rate)
+                core.muted = self.muted
+                core.start()
+                for stream in reversed(streams):  # outputs first: they play comfort noise until audio flows
+                    stream.start()
+            except BaseException:
+                for stream in streams:
+                    stream.close()
+                if "core" in holder:
+                    holder["core"].stop()
+                raise
+            self.core, self._streams = core, streams
+            self._device_latency_s = in_stream.latency + out_stream.latency
+            self._save()
+
+    def stop(self) -> None:
+        """Closes the devices (nothing plays); the session (voice) is kept for the next start."""
+        with self._lock:
+            for stream in self._streams:
+                stream.abort()
+                stream.close()
+            self._streams = []
+            if self.core is not None:
+                self.core.stop()
+                # the worker may have swapped in a new voice, or not yet taken the one asked for
+                nxt = self.core.next_session
+                if nxt is not None:
+                    nxt.counters = self.core.session.counters
+                self.session = nxt or self.core.session
+                self.core = None
+                self.session.reset()
+
+    close = stop
+
+    # -- actions ---------------------------------------------------------------------
+    def set_mute(self, muted: bool) -> None:
+        """Comfort noise on every output from the next device block on (or back to the voice)."""
+        self.muted = bool(muted)
+        core = self.core
+        if core is not None:
+            core.muted = self.muted
+
+    def new_voice(self) -> None:
+        """A fresh pseudo-speaker, swapped in at the next pause (never mid-word)."""
+        with self._lock:
+            fresh = self._new_session(fresh=True)
+            self._identity = None  # asked for a new voice: the pinned one is left behind
+            if self.core is not None:
+                self.core.replace_session(fresh, at_pause=True)
+            else:
+                self.session = fresh
+
+    def _switch_engine(self, **changes) -> None:
+        with self._lock:
+            old = replace(self.settings)
+            self.settings = replace(self.settings, **changes)
+            try:
+                self.settings.validate()
+                session = self._new_session()  # loads the method's models first: audio goes on meanwhile
+            except BaseException:
+                self.settings = old
+                raise
+            if self.core is not None:
+                self.core.replace_session(session, at_pause=False)
+            else:
+                self.session = session
+            self._save()
+
+    def set_method(self, method: str) -> None:
+        if method != self.settings.method:
+            self._switch_engine(method=method)
+
+    def set_chunk_ms(self, chunk_ms: int) -> None:
+        if int(chunk_ms) != self.settings.chunk_ms:
+            self._switch_engine(chunk_ms=int(chunk_ms))
+
+    def set_devices(self, **devices: str | None) -> None:
+        """``input``, ``output``, ``monitor`` (None or "" for default / no monitor); reopens the
+        streams when running. On a failure the previous devices are restored."""
+        unknown = set(devices) - {"input", "output", "monitor"}
+        if unknown:
+            raise ConfigError(f"unknown device setting(s): {', '.join(sorted(unknown))}")
+        with self._lock:
+            old = replace(self.settings)
+            self.settings = replace(self.settings, **{k: (v or None) for k, v in devices.items()})
+            was_running = self.running
+            self.stop()
+            if not was_running:
+                self._save()
+                return
+            try:
+                self.start()
+            except Exception:
+                self.settings = old
+                self.start()
+                raise
+
+    def create_virtual_mic(self) -> None:
+        """Creates the rtanon virtual microphone on the user's sound server."""
+        from rtanon import pulse
+
+        pulse.create()
+
+    def act(self, message: dict) -> None:
+        """One action as the page sends it: ``{"action": NAME, ...}`` (see ``ACTIONS``)."""
+        handler = ACTIONS.get(message.get("action"))
+        if handler is None:
+            raise ConfigError(f"unknown action {message.get('action')!r}; use one of {', '.join(ACTIONS)}")
+        handler(self, message)
+
+    # -- what the page shows ----------------------------------------------------------
+    def status(self) -> dict:
+        core, session = self.core, (self.core.session if self.core is not None else self.session)
+        s = self.settings
+        out = {"t": time.time(), "running": core is not None, "muted": self.muted,
+               "voice_pending": bool(core is not None and core.session_pending),
+               "settings": asdict(s), "error": self.last_error,
+               "in_dbfs": -120.0, "out_dbfs": -120.0, "gate": False, "queue_ms": 0.0}
+        if session is not None:
+            c = session.counters
+            algo = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
+            out.update(method=session.anonymizer.config.method, chunk_ms=session.anonymizer.config.stream.chunk_ms,
+                       voice=describe_voice(session.voice), algorithmic_ms=algo, missed=c.missed_deadlines,
+                       xruns=c.input_overflows + c.output_underflows, errors=c.stage_errors,
+                       last_error=c.last_error or self.last_error)
+        if core is not None:
+            out.update(in_dbfs=core.level_dbfs, out_dbfs=core.out_level_dbfs, gate=session.last_speech,
+                       queue_ms=core.queued_ms, errors=out["errors"] + core.worker_errors,
+                       e2e_ms=out["algorithmic_ms"] + core.queued_ms + 1000.0 * self._device_latency_s)
+        return out
+
+    def devices(self) -> dict:
+        """Input and output choices by name: PortAudio devices, PulseAudio sources and sinks,
+        and the rtanon virtual microphone (``virtual_mic``: whether it exists)."""
+        import sounddevice as sd
+
+        from rtanon import pulse
+
+        inputs = [{"id": "", "label": "system default"}]
+        outputs = [{"id": "", "label": "system default"}]
+        for d in sd.query_devices():
+            if d["max_input_channels"] > 0:
+                inputs.append({"id": d["name"], "label": d["name"]})
+            if d["max_output_channels"] > 0:
+                outputs.append({"id": d["name"], "label": d["name"]})
+        virtual = False
+        try:
+            for name, desc in pulse.list_devices("sources"):
+                if name != pulse.SOURCE_NAME:  # our own output is no microphone for us
+                    inputs.append({"id": f"pulse:{name}", "label": f"{desc} (PulseAudio)"})
+            for name, desc in pulse.list_devices("sinks"):
+                if name != pulse.SINK_NAME:
+                    outputs.append({"id": f"pulse:{name}", "label": f"{desc} (PulseAudio)"})
+            virtual = pulse.status().ready
+        except pulse.PulseError:
+            pass
+        outputs.insert(1, {"id": "rtanon", "label": "rtanon virtual microphone"
+                           + ("" if virtual else " (not created yet)")})
+        return {"inputs": inputs, "outputs": outputs, "virtual_mic": virtual}
+
+
+def _chunk_ms(control: LiveControl, message: dict) -> None:
+    try:
+        chunk_ms = int(message.get("value"))
+    except (TypeError, ValueError):
+        raise ConfigError(f"chunk_ms must be one of {ALLOWED_CHUNK_MS}") from None
+    control.set_chunk_ms(chunk_ms)
+
+
+#: The page's actions: name -> handler(control, message).
+ACTIONS = {
+    "start": lambda c, m: c.start(),
+    "stop": lambda c, m: c.stop(),
+    "mute": lambda c, m: c.set_mute(bool(m.get("value", True))),
+    "new_voice": lambda c, m: c.new_voice(),
+    "method": lambda c, m: c.set_method(str(m.get("value"))),
+    "chunk_ms": _chunk_ms,
+    "devices": lambda c, m: c.set_devices(**{k: m[k] for k in ("input", "output", "monitor") if k in m}),
+    "create_virtual_mic": lambda c, m: c.create_virtual_mic(),
+}
