@@ -25,6 +25,8 @@ if [ "$job" = test ]; then
   # The virtual-microphone tests start a private PulseAudio daemon. On a
   # PipeWire desktop we do not replace pipewire-pulse; those tests then skip.
   if ! command -v pulseaudio >/dev/null && ! dpkg -s pipewire-pulse >/dev/null 2>&1; then pkgs+=(pulseaudio); fi
+  # the control page's browser tests drive headless chromium through its WebDriver
+  pkgs+=(chromium chromium-driver)
 fi
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -44,7 +46,7 @@ fi
 extras=${RTANON_EXTRAS:-}
 # the neural method's run-time pieces (ONNX Runtime, scikit-learn) come with every set-up
 extras="neural${extras:+,$extras}"
-[ "$job" = test ] && extras="test,identity,eval,train,content,f0bench${extras:+,$extras}"
+[ "$job" = test ] && extras="test,ui,identity,eval,train,content,f0bench${extras:+,$extras}"
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
 pip_install --upgrade pip >/dev/null
 case ",$extras," in

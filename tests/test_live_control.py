@@ -1,0 +1,111 @@
+"""The live UI's controls without a sound card: mute, voice and method switches in LiveCore driven by a
+fake device clock, and the saved settings. The output must never carry the input through a switch."""
+
+import json
+
+import numpy as np
+
+from rtanon import Anonymizer
+from rtanon.analysis import max_xcorr
+from rtanon.config import AnonymizerConfig, StreamConfig
+from rtanon.live import LiveCore
+from rtanon.live_control import LiveSettings, load_settings, save_settings
+from test_live_core import _drive
+
+
+def _level_db(x):
+    return 10 * np.log10(np.mean(np.square(x, dtype=np.float64)) + 1e-12)
+
+
+def test_mute_plays_comfort_noise_from_the_next_block(speech):
+    session = Anonymizer().open_session(seed=0)
+    core = LiveCore(session, 16000, 16000)
+    core.start()
+    try:
+        block = np.empty(160, np.float32)
+        for i in range(0, 16000 * 2, 160):  # 2 s of speech, pulled as it comes
+            core.on_input(np.ascontiguousarray(speech[i : i + 160]))
+            while core.input_backlog:
+                pass
+            core.on_output(block)
+        assert core.out_level_dbfs > -40.0  # the voice is playing
+        core.muted = True
+        core.on_input(np.ascontiguousarray(speech[32000:32160]))
+        core.on_output(block)
+    finally:
+        core.stop()
+    comfort = Anonymizer().config.vad.comfort_noise_dbfs
+    assert _level_db(block) < comfort + 3.0
+    assert core.out_level_dbfs < comfort + 3.0
+
+
+class _Switcher(LiveCore):
+    """Asks for a new session (another chunk size, another voice) every ``every`` input blocks."""
+
+    def __init__(self, anonymizers, every, *args, **kw):
+        super().__init__(*args, **kw)
+        self.anonymizers, self.every, self.blocks = anonymizers, every, 0
+
+    def on_input(self, samples):
+        self.blocks += 1
+        if self.blocks % self.every == 0:
+            a = self.anonymizers[(self.blocks // self.every) % len(self.anonymizers)]
+            self.replace_session(a.open_session(), at_pause=False)
+        super().on_input(samples)
+
+
+def test_method_and_voice_switches_never_pass_the_input(speech):
+    anonymizers = [Anonymizer(AnonymizerConfig(stream=StreamConfig(chunk_ms=ms))) for ms in (10, 20, 40)]
+    core = _Switcher(anonymizers, 17, anonymizers[1].open_session(seed=0), 16000, 16000)
+    y = _drive(core, speech, 160, realtime=False)
+    assert core.session_swaps > 10
+    assert np.isfinite(y).all()
+    assert max_xcorr(speech, 0.5 * speech) > 0.9  # the detector finds a copy
+    assert max_xcorr(speech, y) < 0.5  # McAdams alone scores 0.16-0.39
+
+
+def test_new_voice_waits_for_a_pause(speech):
+    anonymizer = Anonymizer()
+    old = anonymizer.open_session(seed=0)
+    gates = []
+    process = old.process
+
+    def logged(chunk):
+        out = process(chunk)
+        gates.append(old.last_speech)
+        return out
+
+    old.process = logged
+    core = LiveCore(old, 16000, 16000)
+    new = anonymizer.open_session(seed=1)
+    x = np.concatenate((speech, np.zeros(16000, np.float32)))
+    core.start()
+    fed, asked = 0, False
+    try:
+        for i in range(0, x.shape[0] - 160, 160):
+            core.on_input(np.ascontiguousarray(x[i : i + 160]))
+            fed += 160
+            while old.counters.chunks < fed // 320:  # processed: the gate is known
+                pass
+            if not asked and old.last_speech and i > 8000:  # mid-word: ask for a new voice
+                core.replace_session(new, at_pause=True)
+                asked = True
+    finally:
+        core.stop()
+    assert asked
+    assert core.session is new and core.session_swaps == 1
+    assert new.counters is old.counters  # the page's counters go on
+    assert gates[-1] is False  # the old voice's last chunk had its gate closed: no word was cut
+    assert sum(gates) > 0.5 * len(speech) / 320  # it spoke through most of the utterance first
+
+
+def test_settings_are_saved_without_any_voice(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert load_settings() == LiveSettings()  # nothing saved yet: defaults
+    s = LiveSettings(input="pulse:mic", output="rtanon", monitor="headphones", method="mcadams", chunk_ms=40)
+    save_settings(s)
+    path = tmp_path / "rtanon" / "live-ui.json"
+    assert set(json.loads(path.read_text())) == {"input", "output", "monitor", "method", "chunk_ms"}
+    assert load_settings() == s
+    path.write_text("{not json")
+    assert load_settings() == LiveSettings()
