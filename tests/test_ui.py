@@ -26,6 +26,7 @@ import pytest
 import soundfile as sf
 
 from rtanon.analysis import max_xcorr
+from test_live_control import leak_score
 
 pytestmark = pytest.mark.pulse
 pytest.importorskip("aiohttp", reason="the control page needs the [ui] extra (aiohttp)")
@@ -340,6 +341,7 @@ def test_switching_method_voice_and_devices_never_lets_the_input_through(live):
     assert max_xcorr(live.utterances[0], live.mic.audio(t0)) > 0.6  # the detector finds a copy
     for utt in live.utterances:  # in the call: only the anonymized voice (McAdams alone: 0.16-0.39)
         assert max_xcorr(utt, call) < 0.5
+        assert leak_score(utt, call) < 0.95  # not even 150 ms of raw input
     saved = json.loads((live.config_home / "rtanon" / "live-ui.json").read_text())
     assert saved == s["settings"] and saved["monitor"] == "pulse:headphones"
     assert set(saved) == {"input", "output", "monitor", "method", "chunk_ms"}  # never a voice

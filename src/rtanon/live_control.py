@@ -344,12 +344,12 @@ class LiveControl:
                 outputs.append({"id": d["name"], "label": d["name"]})
         virtual = False
         try:
-            for name, desc in pulse.list_devices("sources"):
-                if name != pulse.SOURCE_NAME:  # our own output is no microphone for us
-                    inputs.append({"id": f"pulse:{name}", "label": f"{desc} (PulseAudio)"})
-            for name, desc in pulse.list_devices("sinks"):
-                if name != pulse.SINK_NAME:
-                    outputs.append({"id": f"pulse:{name}", "label": f"{desc} (PulseAudio)"})
+            for kind, choices, ours in (("sources", inputs, pulse.SOURCE_NAME), ("sinks", outputs, pulse.SINK_NAME)):
+                rows = [(n, d) for n, d in pulse.list_devices(kind) if n != ours]  # not our own output
+                descs = [d for _, d in rows]
+                for name, desc in rows:  # the description, and the name where descriptions repeat
+                    label = desc if descs.count(desc) == 1 else f"{desc} [{name}]"
+                    choices.append({"id": f"pulse:{name}", "label": f"{label} (PulseAudio)"})
             virtual = pulse.status().ready
         except pulse.PulseError:
             pass

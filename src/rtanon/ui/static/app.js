@@ -25,6 +25,7 @@ function meter(bar, text, db) {
   const pct = Math.max(0, Math.min(100, (db + 80) / 80 * 100));  // -80 .. 0 dBFS
   bar.style.width = pct.toFixed(1) + "%";
   bar.dataset.db = db.toFixed(1);
+  bar.className = db > -3 ? "bad" : db > -9 ? "warn" : "";  // near clipping: orange, then red
   text.textContent = db <= -100 ? "\u2013" : db.toFixed(0) + " dB";
 }
 
