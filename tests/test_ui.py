@@ -182,8 +182,9 @@ def live(tmp_path_factory, speech_paths):
                 p.wait()
 
 
-async def _ws_collect(url, seconds, origin=None, send=None):
-    """Status messages (and replies) received over ``seconds`` from the WebSocket at ``url``."""
+async def _ws_collect(url, seconds, origin=None, send=None, until=None):
+    """Status messages (and replies) received over ``seconds`` from the WebSocket at ``url``
+    (or until a message of type ``until``)."""
     import aiohttp
 
     out = []
@@ -199,7 +200,18 @@ async def _ws_collect(url, seconds, origin=None, send=None):
                 break
             if msg.type == aiohttp.WSMsgType.TEXT:
                 out.append((time.monotonic(), json.loads(msg.data)))
+                if until is not None and out[-1][1]["type"] == until:
+                    break
     return out
+
+
+def _ws_act(live, message) -> dict:
+    """Sends one action over the WebSocket; returns the server's result message."""
+    url = f"{live.origin.replace('http', 'ws')}/ws?token={live.token}"
+    msgs = asyncio.run(_ws_collect(url, 3.0, origin=live.origin, send=message, until="result"))
+    results = [m for _, m in msgs if m["type"] == "result"]
+    assert results, "no result over the WebSocket"
+    return results[0]
 
 
 def _ws_refused(url, origin=None) -> int:
@@ -331,8 +343,31 @@ def test_switching_method_voice_and_devices_never_lets_the_input_through(live):
                  {"action": "new_voice"}, {"action": "method", "value": "mcadams"}):
         if step.get("value") == "neural" and not neural:
             continue
-        live.act(**step)
+        if step["action"] == "new_voice":  # through the WebSocket, as the page could
+            assert _ws_act(live, step)["ok"]
+        else:
+            live.act(**step)
         time.sleep(0.7)
+    # stop: nothing reaches the call; start: the voice is back
+    assert not live.act(action="stop")["running"]
+    t_stop = time.monotonic()
+    time.sleep(0.8)
+    assert live.call.since(t_stop + 0.2)[1].max() < QUIET_DBFS
+    assert live.act(action="start")["running"]
+    # the rtanon virtual microphone, created from the page and fed with the voice
+    assert live.request("/api/devices")[1]["virtual_mic"] is False
+    live.act(action="create_virtual_mic")
+    assert live.request("/api/devices")[1]["virtual_mic"] is True
+    live.act(action="devices", output="rtanon")
+    rtanon_mic = Recorder(live.daemon.env, "rtanon_mic")
+    try:
+        live.wait_for(lambda: rtanon_mic.level_now() > -35.0, what="the voice in the rtanon microphone")
+        heard = rtanon_mic.audio(0.0)
+    finally:
+        rtanon_mic.close()
+    live.act(action="devices", output="pulse:call")
+    for utt in live.utterances:
+        assert leak_score(utt, heard) < 0.95
     s = live.state()
     assert s["running"] and s["settings"]["input"] == "pulse:fake_mic.monitor" and s["chunk_ms"] == 20
     live.wait_speaking()
@@ -416,8 +451,26 @@ def test_page_without_the_token_is_refused(live, browser):
         assert browser.execute_script("return typeof window.rtanon") == "undefined"
 
 
-def test_ctrl_c_stops_the_audio(live):
+def test_ctrl_c_stops_the_audio_and_rtanon_ui_starts_with_the_last_settings(live):
+    saved = live.state()["settings"]
+    voice = live.state()["voice"]
     live.proc.send_signal(signal.SIGINT)
     out, _ = live.proc.communicate(timeout=30)
     assert live.proc.returncode == 0
     assert "stopped:" in out and "stage errors 0" in out
+    env = {**live.daemon.env, "XDG_CONFIG_HOME": str(live.config_home)}
+    ui = subprocess.Popen([sys.executable, "-m", "rtanon", "ui", "--no-browser"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in ui.stderr:
+            m = re.search(r"control page (http://127\.0\.0\.1:\d+/\?token=\S+)", line)
+            if m:
+                live.origin, live.token = m.group(1).split("/?token=")
+                break
+        state = live.state()
+        assert state["running"] and state["settings"] == saved
+        assert state["voice"] != voice  # a fresh pseudo-voice: never stored
+    finally:
+        ui.send_signal(signal.SIGINT)
+        ui.communicate(timeout=30)
+    assert ui.returncode == 0
