@@ -121,3 +121,25 @@ def test_settings_are_saved_without_any_voice(tmp_path, monkeypatch):
     assert load_settings() == s
     path.write_text("{not json")
     assert load_settings() == LiveSettings()
+
+
+def test_the_browser_gets_the_token_through_a_private_file_not_its_command_line(tmp_path, monkeypatch):
+    import os
+    import stat
+    import webbrowser
+
+    import pytest
+
+    pytest.importorskip("aiohttp", reason="the control page needs the [ui] extra (aiohttp)")
+    from rtanon.ui import server
+
+    opened = []
+    monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url) or True)
+    folder = tmp_path / "private"
+    folder.mkdir(mode=0o700)
+    url = "http://127.0.0.1:5555/?token=secret-token"
+    assert server._open_browser(url, str(folder))
+    assert opened and opened[0].startswith("file://") and "secret-token" not in opened[0]
+    page = folder / "open-rtanon.html"
+    assert url in page.read_text()
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import socket
 import sys
+import tempfile
 import webbrowser
 from importlib import resources
 
@@ -51,6 +53,7 @@ class UiServer:
         self.origin = f"http://127.0.0.1:{self.port}"
         self.url = f"{self.origin}/?token={self.token}"
         self._hosts = {f"127.0.0.1:{self.port}", f"localhost:{self.port}"}
+        self._origins = {f"http://{host}" for host in self._hosts}
         self._runner: web.AppRunner | None = None
 
     # -- the gate every request passes -----------------------------------------------
@@ -59,7 +62,7 @@ class UiServer:
         if not secrets.compare_digest(request.query.get("token", "").encode(), self.token.encode()):
             raise web.HTTPForbidden(text="rtanon: missing or wrong token; open the URL the terminal printed")
         origin = request.headers.get("Origin")
-        if origin is not None and origin != self.origin:
+        if origin is not None and origin not in self._origins:
             raise web.HTTPForbidden(text="rtanon: requests from other pages are refused")
         if request.headers.get("Host") not in self._hosts:
             raise web.HTTPForbidden(text="rtanon: unexpected Host")
@@ -165,6 +168,25 @@ class UiServer:
             self._runner = None
 
 
+def _graphical_session() -> bool:
+    """Whether a browser can open a window here (on a bare console webbrowser would start a text
+    browser in this very terminal)."""
+    return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def _open_browser(url: str, folder: str) -> bool:
+    """Opens ``url`` through a redirect file in a private folder, so that the token does not show on
+    the browser's command line (which other users of the machine can read)."""
+    from pathlib import Path
+
+    from rtanon.atomic import write_text
+
+    page = Path(folder) / "open-rtanon.html"
+    write_text(page, f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0;url={url}">'
+                     f'<title>rtanon</title><a href="{url}">open the rtanon control page</a>\n')
+    return webbrowser.open(page.as_uri())
+
+
 def serve(control, *, open_browser: bool = True, stream=sys.stderr) -> None:
     """Serves the page until Ctrl-C (KeyboardInterrupt propagates to the caller)."""
 
@@ -174,11 +196,16 @@ def serve(control, *, open_browser: bool = True, stream=sys.stderr) -> None:
         print(f"rtanon live: control page {server.url}\n"
               "rtanon live: closing the page keeps the audio running; Ctrl-C here stops it",
               file=stream, flush=True)
-        if open_browser:
-            await asyncio.get_running_loop().run_in_executor(None, webbrowser.open, server.url)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await server.stop()
+        with tempfile.TemporaryDirectory(prefix="rtanon-ui-") as folder:  # private: mode 0700
+            if open_browser and not _graphical_session():
+                print("rtanon live: no graphical session here: open the URL above in a browser", file=stream)
+            elif open_browser:
+                opened = await asyncio.get_running_loop().run_in_executor(None, _open_browser, server.url, folder)
+                if not opened:
+                    print("rtanon live: could not start a browser: open the URL above", file=stream)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await server.stop()
 
     asyncio.run(main())
