@@ -305,11 +305,17 @@ def test_new_voice_changes_the_speaker_embedding(live):
     from rtanon.identity.encoder import make_encoder
 
     t_start = time.monotonic()
+    loaded = {}
+
+    def load():  # while the call is being recorded (its first embedding loads the rest)
+        loaded["encoder"] = make_encoder("resemblyzer")
+        loaded["encoder"].embed((0.1 * np.random.default_rng(0).standard_normal(RATE)).astype(np.float32))
+
+    loader = threading.Thread(target=load)
+    loader.start()
     assert live.act(action="method", value="neural")["settings"]["method"] == "neural"
     live.wait_for(lambda: live.state()["method"] == "neural", what="the neural session")
     t_neural = time.monotonic()
-    encoder = make_encoder("resemblyzer")
-    t_encoder = time.monotonic()
     voices, windows = [], []
     for _ in range(2):
         voices.append(live.state()["voice"])
@@ -319,14 +325,16 @@ def test_new_voice_changes_the_speaker_embedding(live):
         assert live.act(action="new_voice")["voice_pending"]
         live.wait_for(lambda: not live.state()["voice_pending"], what="the new voice at a pause")
     live.act(action="method", value="mcadams")  # frees the CPU for the encoder
+    loader.join()
+    encoder = loaded["encoder"]
     t_record = time.monotonic()
     emb = [[_embedding(encoder, x) for x in np.array_split(live.call.audio(*w), 2)] for w in windows]
     (a1, a2), (b1, b2) = emb
     same = [float(a1 @ a2), float(b1 @ b2)]
     other = [float(a @ b) for a in (a1, a2) for b in (b1, b2)]
     print(f"\nspeaker cosine, same pseudo-voice {np.round(same, 3)}, after new voice {np.round(other, 3)}; "
-          f"times: neural {t_neural - t_start:.1f} s, encoder {t_encoder - t_neural:.1f} s, "
-          f"recording {t_record - t_encoder:.1f} s, embedding {time.monotonic() - t_record:.1f} s")
+          f"times: neural {t_neural - t_start:.1f} s, recording and loading the encoder "
+          f"{t_record - t_neural:.1f} s, embedding {time.monotonic() - t_record:.1f} s")
     assert voices[0] != voices[1]
     assert np.mean(other) < np.mean(same) - 0.05
 
