@@ -369,6 +369,16 @@ def test_switching_method_voice_and_devices_never_lets_the_input_through(live):
         else:
             live.act(**step)
         time.sleep(0.7)
+    # the monitor (headphones) plays the same anonymized voice
+    phones = Recorder(live.daemon.env, "headphones.monitor")
+    try:
+        live.wait_for(lambda: phones.level_now() > -35.0, what="the voice in the monitor")
+        time.sleep(1.0)
+        monitored = phones.audio(0.0)
+    finally:
+        phones.close()
+    for utt in live.utterances:
+        assert leak_score(utt, monitored) < 0.95
     # stop: nothing reaches the call; start: the voice is back
     assert not live.act(action="stop")["running"]
     t_stop = time.monotonic()
