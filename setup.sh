@@ -46,7 +46,7 @@ fi
 extras=${RTANON_EXTRAS:-}
 # the neural method's run-time pieces (ONNX Runtime, scikit-learn) come with every set-up
 extras="neural${extras:+,$extras}"
-[ "$job" = test ] && extras="test,ui,identity,eval,train,content,f0bench${extras:+,$extras}"
+[ "$job" = test ] && extras="test,ui,identity,eval,train,content,f0bench,corpus${extras:+,$extras}"
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
 pip_install --upgrade pip >/dev/null
 case ",$extras," in

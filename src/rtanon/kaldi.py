@@ -1,6 +1,6 @@
 """Kaldi-style data directories: wav.scp, utt2spk, spk2gender (spk2age, text).
 
-``KaldiDir.load(path)`` reads one; paths in wav.scp are relative to the
+``KaldiDir.load(path)`` reads one (a key given twice is an error); paths in wav.scp are relative to the
 directory (absolute paths work too). ``write_map`` writes one of its files. Piped wav.scp entries (``cmd |``) are
 refused with a clear message.
 """
@@ -24,12 +24,21 @@ def _read_map(path: Path, required: bool = True) -> dict[str, str]:
             raise KaldiDirError(f"{path}: missing (a Kaldi-style directory needs wav.scp, utt2spk, spk2gender)")
         return {}
     table: dict[str, str] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    first: dict[str, int] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KaldiDirError(f"{path}: unreadable: {exc}") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split(maxsplit=1)
         if len(parts) != 2:
             raise KaldiDirError(f"{path}:{lineno}: expected '<key> <value>', got {line!r}")
+        if parts[0] in first:  # the last line would silently win: one utterance's audio under two labels
+            raise KaldiDirError(f"{path}:{lineno}: duplicate key {parts[0]!r} (first on line {first[parts[0]]}); "
+                                "each key may appear once")
+        first[parts[0]] = lineno
         table[parts[0]] = parts[1].strip()
     return table
 

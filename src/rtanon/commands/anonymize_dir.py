@@ -1,29 +1,133 @@
-"""``rtanon anonymize-dir``: anonymize a Kaldi-style corpus directory."""
+"""``rtanon anonymize-dir``: anonymize a Kaldi-style corpus directory for release, on Ray."""
 
 from __future__ import annotations
 
-from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args, identity_from_args
+import argparse
+import os
+import sys
+
+from rtanon.commands._common import add_engine_args, add_seed_arg, config_from_args, identity_from_args
+
+DESCRIPTION = """\
+Writes OUT/<utt-id>.wav for every utterance of KALDI_DIR, plus wav.scp, utt2spk, spk2gender (and spk2age,
+text when present), so OUT is a Kaldi-style directory too.
+
+Before the first output is written, every input is checked (utterance ids are plain file names, unique;
+every file exists and has a decodable header) and OUT may be neither the input nor hold any of it. The
+input corpus is only read.
+
+Runs on Ray: by default a local Ray started in this process with one worker per core (--workers N), or an
+existing cluster with --ray-address (inputs and outputs must then be on a path every node sees). Each
+worker loads the models once and anonymizes batches of utterances; with the neural method on
+--accelerator cuda|auto and GPUs in the cluster, each worker takes a GPU share for the vocoder.
+--workers 0 runs everything in this process without Ray: the fallback when Ray is not installed.
+
+Resumable: every output is written atomically and recorded in OUT/manifest.json (utterance id, input
+sha256, output and its sha256, pseudo-speaker id, method, model hashes). Run the same command again after
+a crash or kill: it verifies and skips what is done, redoes what changed, and gives the remaining
+utterances the same voices (kept in OUT/run.json). A failing utterance is reported by id and listed in
+OUT/failed; the others go on.
+
+Pseudo-speakers (paper 000 Sec. IV): --assignment speaker gives each original speaker one pseudo-voice
+for all their utterances, utterance a new one per utterance. Voices come from the OS random source, so
+two runs are unlinkable, unless --seed pins them. OUT/spk2pseudo (and utt2pseudo) map the original
+speakers to pseudo-speaker ids: with run.json and manifest.json they are the key that links the release
+back to the speakers. Keep them, and publish the rest.
+
+Exit status: 0 when every utterance succeeded, 1 when some failed (listed), 2 on a usage error."""
+
+EPILOG = """\
+examples:
+  rtanon anonymize-dir --data ../shared/data/so762_dev --out anon_dev
+  rtanon anonymize-dir --data DIR --out OUT --method neural --workers 2 --assignment utterance
+  ray start --head --port 6380 && rtanon anonymize-dir --data /shared/DIR --out /shared/OUT --ray-address 127.0.0.1:6380
+  rtanon anonymize-dir --data ../shared/data/so762_dev --bench --workers 2      # throughput figures"""
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "anonymize-dir", help="anonymize a Kaldi-style directory (wav.scp, utt2spk, spk2gender)",
-        description="Writes DIR/<utt-id>.wav for every utterance of KALDI_DIR, plus wav.scp, utt2spk, "
-                    "spk2gender (and spk2age, text when present), so DIR is a Kaldi-style directory too.")
+        "anonymize-dir", help="anonymize a Kaldi-style directory (wav.scp, utt2spk, spk2gender) on Ray",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, metavar="KALDI_DIR", help="input directory")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
+    p.add_argument("--out", metavar="DIR", help="output directory (created; required unless --bench)")
     p.add_argument("--assignment", choices=("speaker", "utterance"), default="speaker",
                    help="one pseudo-voice per original speaker (default) or per utterance")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="Ray workers (default: one per core here, or every CPU of the --ray-address cluster); "
+                        "0: no Ray, everything in this process (the fallback when Ray is not installed)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="use a running Ray cluster (HOST:PORT of `ray start --head`) instead of a local one")
+    p.add_argument("--batch", type=int, default=4, metavar="N",
+                   help="utterances per Ray task (default: 4); a worker anonymizes them one after the other "
+                        "with the models it loaded once")
+    p.add_argument("--bench", action="store_true",
+                   help="print throughput figures instead of writing OUT: the same utterances in this process, "
+                        "then on Ray with 1..N workers (N = --workers), real-time factor per worker and in total, "
+                        "Ray's overhead against this process, and the machine's load")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="--bench: use the first N utterances only")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_engine_args(p)
     add_seed_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from rtanon.corpus import anonymize_dir
+    from rtanon.errors import CliError
+    from rtanon.kaldi import KaldiDir
 
-    out = anonymize_dir(anonymizer_from_args(args), args.data, args.out,
-                        assignment=args.assignment, seed=args.seed,
-                        identity=identity_from_args(args))
-    print(f"wrote {len(out.wav)} utterances of {len(out.speakers)} speakers to {out.root}")
+    if args.workers is not None and args.workers < 0:
+        raise CliError(f"--workers {args.workers}: use 0 (this process) or more")
+    if args.batch < 1:
+        raise CliError(f"--batch {args.batch}: use 1 or more")
+    if args.workers == 0 and args.ray_address:
+        raise CliError("--workers 0 runs in this process; it cannot use --ray-address")
+    config = config_from_args(args)
+    identity = identity_from_args(args)
+    data = KaldiDir.load(args.data)
+    if args.bench:
+        from rtanon.corpus_bench import bench
+
+        bench(data, config, workers=args.workers or os.cpu_count() or 1, address=args.ray_address,
+              limit=args.limit, batch=args.batch, seed=args.seed)
+        return 0
+    if not args.out:
+        raise CliError("--out DIR is required (unless --bench)")
+    return anonymize(data, args.out, config, identity, args)
+
+
+def anonymize(data, out, config, identity, args) -> int:
+    from pathlib import Path
+
+    from rtanon.corpus import CorpusPlan, InProcessExecutor, run_corpus
+
+    plan = CorpusPlan(data, Path(out), config, assignment=args.assignment, seed=args.seed, identity=identity,
+                      batch=args.batch, progress=args.progress)
+    if args.workers == 0:
+        result = run_corpus(plan, lambda: InProcessExecutor(config, identity))
+        where = "in this process"
+    else:
+        from rtanon.corpus_ray import RayExecutor, start_ray, stop_ray
+
+        start_ray(args.ray_address, args.workers)
+        try:
+            executors = []
+
+            def factory():
+                executors.append(RayExecutor(config, identity, args.workers))
+                return executors[-1]
+
+            result = run_corpus(plan, factory)
+            where = f"on {executors[0].workers} Ray workers" if executors else "on Ray"
+        finally:
+            stop_ray()
+    speed = f", {result.audio_s / result.process_s:.1f}x real time" if result.process_s else ""
+    print(f"{result.out}: {result.done} utterances anonymized {where} ({result.audio_s / 3600:.3f} h of audio"
+          f"{speed}), {result.skipped} already done, {len(result.failed)} failed")
+    if result.failed:
+        print(f"failed utterances (also in {result.out / 'failed'}; rerun the same command to retry them):",
+              file=sys.stderr)
+        for utt, err in sorted(result.failed.items()):
+            print(f"  {utt}: {err}", file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,142 @@
+"""Corpus anonymization on Ray: one actor per worker holds the models, batches of utterances go to them.
+
+``start_ray(address, workers)`` joins a running cluster (``address``, e.g.
+``127.0.0.1:6379`` after ``ray start --head``) or starts a local Ray in this
+process with ``workers`` CPUs. ``RayExecutor(config, identity, workers)``
+creates ``workers`` :class:`CorpusWorker` actors; each builds one
+:class:`rtanon.engine.Anonymizer` (models loaded once per worker, not per
+utterance) and anonymizes the batches of utterances that Ray's
+``ActorPool`` hands it, reading inputs and writing outputs on paths every node
+must see. With the neural method on ``--accelerator cuda|auto`` and GPUs in
+the cluster, each actor asks Ray for its share of a GPU (``num_gpus``) and runs
+the vocoder there. Ray schedules; rtanon only splits the corpus into batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from rtanon.corpus import CorpusError, process_batch, warm_up
+
+#: the version the [corpus] extra pins
+RAY_PIN = "ray==2.60.0"
+
+
+def need_ray():
+    """The ray module, or a CorpusError saying how to install it (or to run in this process)."""
+    try:
+        import ray
+    except ImportError:
+        raise CorpusError(f"Ray is not installed: pip install 'rtanon[corpus]' ({RAY_PIN}), or run in this "
+                          "process with --workers 0") from None
+    return ray
+
+
+def start_ray(address: str | None = None, workers: int | None = None) -> dict:
+    """Connects to the cluster at ``address`` or starts a local Ray with ``workers`` CPUs; returns the
+    cluster's resources. Local workers import rtanon from where this process does."""
+    ray = need_ray()
+    if ray.is_initialized():
+        return dict(ray.cluster_resources())
+    here = str(Path(__file__).resolve().parents[1])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in [str(Path(p).resolve()) for p in paths]:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])  # Ray's workers inherit it
+    try:
+        if address:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=200 * 2**20)
+    except ConnectionError as exc:
+        raise CorpusError(f"--ray-address {address}: no Ray cluster there ({exc}); start one with "
+                          "`ray start --head`") from None
+    return dict(ray.cluster_resources())
+
+
+def stop_ray() -> None:
+    ray = need_ray()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class CorpusWorker:
+    """One Ray actor: an Anonymizer built once, then batches of utterances (:func:`process_batch`)."""
+
+    def __init__(self, config, identity=None) -> None:
+        import ray
+
+        from rtanon.engine import Anonymizer
+
+        t0 = time.perf_counter()
+        self.anonymizer = Anonymizer(config)
+        warm_up(self.anonymizer)
+        self.identity = identity
+        self.load_s = time.perf_counter() - t0
+        self.name = f"{ray.get_runtime_context().get_node_id()[:8]}:{os.getpid()}"
+
+    def ready(self) -> tuple[str, float]:
+        return self.name, self.load_s
+
+    def process(self, jobs: list[dict]) -> list[dict]:
+        results = process_batch(self.anonymizer, self.identity, jobs)
+        for r in results:
+            r["worker"] = self.name
+        return results
+
+
+def gpus_per_worker(config, workers: int, resources: dict) -> float:
+    """The GPU share each actor asks for: the neural method on ``cuda`` or ``auto`` gets the cluster's GPUs
+    split over the workers (at most one each); McAdams and CPU runs none."""
+    if config.method != "neural" or config.neural.device == "cpu":
+        return 0.0
+    gpus = float(resources.get("GPU", 0.0))
+    if gpus == 0.0:
+        if config.neural.device == "cuda":
+            raise CorpusError("--accelerator cuda, but the Ray cluster has no GPU; use --accelerator cpu")
+        return 0.0
+    return min(1.0, gpus / workers)
+
+
+class RayExecutor:
+    """``workers`` CorpusWorker actors behind Ray's ActorPool (Ray must be started: :func:`start_ray`)."""
+
+    name = "ray"
+
+    def __init__(self, config, identity=None, workers: int | None = None) -> None:
+        ray = need_ray()
+        from ray.util import ActorPool
+
+        resources = dict(ray.cluster_resources())
+        self.workers = workers or max(1, int(resources.get("CPU", 1)))
+        gpus = gpus_per_worker(config, self.workers, resources)
+        if self.workers > resources.get("CPU", 0) and not gpus:
+            raise CorpusError(f"--workers {self.workers}, but the Ray cluster has {resources.get('CPU', 0):g} CPUs")
+        t0 = time.perf_counter()
+        actor = ray.remote(num_cpus=1, num_gpus=gpus)(CorpusWorker)
+        self._actors = [actor.remote(config, identity) for _ in range(self.workers)]
+        try:
+            self.ready = ray.get([a.ready.remote() for a in self._actors])
+        except ray.exceptions.RayError as exc:
+            self.close()
+            raise CorpusError(f"a Ray worker could not load the models: {str(exc).splitlines()[-1]}") from None
+        self.startup_s = time.perf_counter() - t0
+        self.gpus_per_worker = gpus
+        self._pool = ActorPool(self._actors)
+
+    def run(self, batches):
+        ray = need_ray()
+        try:
+            yield from self._pool.map_unordered(lambda a, batch: a.process.remote(batch), batches)
+        except ray.exceptions.RayError as exc:  # a worker process died (killed, out of memory)
+            raise CorpusError(f"a Ray worker died ({str(exc).splitlines()[0]}); the work done so far is "
+                              "recorded: rerun the same command to continue") from None
+
+    def close(self) -> None:
+        ray = need_ray()
+        for a in self._actors:
+            ray.kill(a)
+        self._actors = []
