@@ -257,3 +257,77 @@ def test_speaker_and_utterance_assignment_and_unlinkable_runs(tmp_path, shared_d
     assert not set(ids["s1"].values()) & set(ids["s2"].values())
     assert ids["s1"] == ids["s1b"]
     assert tree(tmp_path / "s1") == tree(tmp_path / "s1b")
+
+
+# ---- the neural method batches a worker's utterances ------------------------------------------------
+
+def test_batched_vocoder_gathers_steps_and_lets_threads_leave():
+    import threading
+
+    import numpy as np
+
+    from rtanon.neural.batching import BatchedVocoder
+
+    class Doubling:  # a stand-in backend: audio = 2 * noise, state counts steps; records batch sizes
+        name, device, sizes = "fake", "cpu", []
+
+        def init_state(self, batch):
+            return [np.zeros((batch, 1), np.float32)]
+
+        def step(self, units, f0, spk, noise, state):
+            self.sizes.append(units.shape[0])
+            if np.isnan(noise).any():
+                raise FloatingPointError("nan in")
+            return 2 * noise, [state[0] + 1]
+
+    back = Doubling()
+    batched = BatchedVocoder(back, 3)
+    out = {}
+
+    def worker(k, steps):
+        try:
+            state = batched.init_state(1)
+            for i in range(steps):
+                noise = np.full((1, 4), np.nan if (k, i) == (2, 1) else k, np.float32)
+                try:
+                    audio, state = batched.step(np.zeros((1, 1, 2)), np.zeros((1, 2)), np.zeros((1, 3)), noise, state)
+                    out.setdefault(k, []).append(float(audio[0, 0]))
+                except FloatingPointError:
+                    out.setdefault(k, []).append("error")
+            out[k].append(float(state[0][0, 0]))
+        finally:
+            batched.leave()
+
+    threads = [threading.Thread(target=worker, args=(k, n)) for k, n in ((0, 5), (1, 2), (2, 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), "a thread still waits: deadlock"
+    assert out[0] == [0.0] * 5 + [5.0] and out[1] == [2.0, 2.0, 2.0]
+    assert out[2] == [4.0, "error", 4.0, 2.0]  # the failed step changed nothing of this session's state
+    assert back.sizes[0] == 3 and max(back.sizes) == 3 and batched.rows == 9  # the failed step is no row
+
+
+def test_the_neural_method_batches_a_workers_utterances_with_the_same_audio(tmp_path, shared_data):
+    import numpy as np
+    import soundfile as sf
+
+    from rtanon.config import AnonymizerConfig
+    from rtanon.corpus import process_batch
+
+    pytest.importorskip("onnxruntime", reason="the neural method needs onnxruntime (the [neural] extra)")
+    d = KaldiDir.load(make_corpus(tmp_path, shared_data, 4))
+    neural = Anonymizer(AnonymizerConfig(method="neural"))
+    outs = {}
+    for name, size in (("one", 1), ("batched", 4)):
+        (tmp_path / name).mkdir()
+        jobs = [{"utt": u, "src": str(d.wav[u]), "dst": str(tmp_path / name / f"{u}.wav"), "voice": k,
+                 "seconds": 1.0} for k, u in enumerate(sorted(d.wav))]
+        results = [r for i in range(0, 4, size) for r in process_batch(neural, None, jobs[i:i + size])]
+        assert all("error" not in r for r in results), results
+        outs[name] = {u: sf.read(tmp_path / name / f"{u}.wav", dtype="int16")[0] for u in d.wav}
+    assert results[0]["vocoder_batch"] > 2  # four sessions' steps in one backend call, most of the time
+    for u in d.wav:  # the same audio: batched matrix products may round the last bit differently
+        diff = np.abs(outs["one"][u].astype(int) - outs["batched"][u].astype(int))
+        assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (u, diff.max(), (diff > 0).mean())

@@ -237,29 +237,74 @@ def _voices(plan: CorpusPlan, settings: dict) -> dict[str, int]:
 
 # ---- executors ----------------------------------------------------------------------------------
 
-def process_batch(anonymizer, identity, jobs: list[dict]) -> list[dict]:
-    """Anonymizes ``jobs`` one after the other with ``anonymizer`` (models loaded once); never raises for
-    one utterance: a failure comes back as ``{"utt", "error"}``. Each result carries the wall and CPU
-    seconds it took and the audio seconds it processed."""
+def _anonymize_one(anonymizer, identity, job: dict, session=None) -> dict:
+    """One utterance; a failure comes back as ``{"error"}`` instead of raising."""
     from rtanon.audio_io import anonymize_file
 
+    res = {"utt": job["utt"], "seconds": job["seconds"], "pid": os.getpid()}
+    try:
+        session = session or anonymizer.open_session(seed=job["voice"], identity=identity)
+        anonymize_file(session, job["src"], job["dst"])
+        c = session.counters
+        if c.chunks and c.stage_errors == c.chunks:
+            Path(job["dst"]).unlink(missing_ok=True)
+            raise RuntimeError(f"every chunk failed ({c.last_error}); the output would be comfort noise only")
+        res["output_sha256"] = file_sha256(job["dst"])
+    except Exception as exc:  # reported by utterance id; the other utterances go on
+        res["error"] = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return res
+
+
+def _vocoders(session) -> list:
+    return [stage.vocoder for stage in session.stages if hasattr(stage, "vocoder")]
+
+
+def process_batch(anonymizer, identity, jobs: list[dict]) -> list[dict]:
+    """Anonymizes ``jobs`` with ``anonymizer`` (models loaded once); never raises for one utterance: a
+    failure comes back as ``{"utt", "error"}``. The neural method runs the batch's utterances side by side,
+    one thread each, their vocoder steps batched into one backend call (:mod:`rtanon.neural.batching`;
+    same audio as one at a time); McAdams runs them one after the other. Each result carries the wall
+    seconds it took (a batched call's wall time shared out by audio length), the CPU seconds and the audio
+    seconds it processed."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        sessions = [anonymizer.open_session(seed=j["voice"], identity=identity) for j in jobs]
+    except Exception as exc:
+        err = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        return [{"utt": j["utt"], "seconds": j["seconds"], "pid": os.getpid(), "error": err, "wall_s": 0.0,
+                 "cpu_s": 0.0} for j in jobs]
+    if len(jobs) > 1 and _vocoders(sessions[0]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from rtanon.neural.batching import BatchedVocoder
+
+        batched = BatchedVocoder(_vocoders(sessions[0])[0].backend, len(jobs))
+        for s in sessions:
+            for v in _vocoders(s):
+                v.use_backend(batched)
+
+        def one(k: int) -> dict:
+            try:
+                return _anonymize_one(anonymizer, identity, jobs[k], sessions[k])
+            finally:
+                batched.leave()
+
+        with ThreadPoolExecutor(len(jobs), thread_name_prefix="rtanon-utt") as pool:
+            results = list(pool.map(one, range(len(jobs))))
+        wall = time.perf_counter() - t0
+        total = sum(j["seconds"] for j in jobs) or 1.0
+        for r in results:
+            r["wall_s"] = wall * r["seconds"] / total
+            r["cpu_s"] = (time.process_time() - c0) * r["seconds"] / total
+            r["vocoder_batch"] = round(batched.rows / max(batched.calls, 1), 2)
+        return results
     results = []
-    for job in jobs:
-        t0, c0 = time.perf_counter(), time.process_time()
-        res = {"utt": job["utt"], "seconds": job["seconds"], "pid": os.getpid()}
-        try:
-            session = anonymizer.open_session(seed=job["voice"], identity=identity)
-            anonymize_file(session, job["src"], job["dst"])
-            c = session.counters
-            if c.chunks and c.stage_errors == c.chunks:
-                Path(job["dst"]).unlink(missing_ok=True)
-                raise RuntimeError(f"every chunk failed ({c.last_error}); the output would be comfort noise only")
-            res["output_sha256"] = file_sha256(job["dst"])
-        except Exception as exc:  # reported by utterance id; the other utterances go on
-            res["error"] = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-        res["wall_s"] = time.perf_counter() - t0
-        res["cpu_s"] = time.process_time() - c0
-        results.append(res)
+    for job, session in zip(jobs, sessions):
+        t1, c1 = time.perf_counter(), time.process_time()
+        r = _anonymize_one(anonymizer, identity, job, session)
+        r["wall_s"] = time.perf_counter() - t1
+        r["cpu_s"] = time.process_time() - c1
+        results.append(r)
     return results
 
 

@@ -384,6 +384,15 @@ class VocoderStream:
     def reset(self) -> None:
         self._state = self._backend.init_state(1)
 
+    @property
+    def backend(self) -> VocoderBackend:
+        return self._backend
+
+    def use_backend(self, backend: VocoderBackend) -> None:
+        """Steps through ``backend`` from now on (the same model behind another front, e.g. a
+        :class:`rtanon.neural.batching.BatchedVocoder` that batches several sessions' steps)."""
+        self._backend = backend
+
     def process(self, units: np.ndarray, f0_hz: np.ndarray) -> np.ndarray:
         if units.ndim != 2 or f0_hz.shape != (2 * units.shape[0],):
             raise ValueError(f"expected units (L, K) at 50 Hz and f0_hz (2L,) at 100 Hz, got {units.shape} "
