@@ -2,17 +2,23 @@
 
 The same utterances, with the same voices (a fixed seed), are anonymized
 
-1. in this process (:class:`rtanon.corpus.InProcessExecutor`), the baseline;
-2. on Ray with 1, 2, ... ``workers`` actors (a local Ray, or the cluster at
-   ``address``), each into its own temporary output folder.
+1. in this process (:class:`rtanon.corpus.InProcessExecutor`), the baseline,
+   alternating with Ray with 1 actor (``repeat`` times each, Ray started for
+   both, so load changes hit both alike);
+2. on Ray with 2, ... ``workers`` actors (a local Ray, or the cluster at
+   ``address``),
+
+each into its own temporary output folder.
 
 For each run it prints the wall time of the anonymization (models loaded
 before the clock starts; their load time is shown apart), the speed in times
 real time (audio seconds / wall seconds), the real-time factor (wall / audio)
 in total and per worker (the worker's busy wall time / the audio it did), the
-1-minute load average of the machine before and after, and whether the
-outputs are byte-identical to the baseline's. Ray's overhead is the 1-worker
-Ray run's wall time against the in-process run's, measured in the same call.
+worker's CPU seconds per audio second (what the work costs whatever else runs
+on the machine; Ray's own processes are not in it), the
+1-minute load average of the machine before and after, and whether every
+run's outputs are byte-identical. Ray's overhead is the median 1-worker Ray
+wall time against the median in-process one, measured in the same call.
 """
 
 from __future__ import annotations
@@ -61,56 +67,73 @@ def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, 
            "rtf_total": round(result.process_s / result.audio_s, 4),
            "rtf_per_worker": {w: round(v["wall_s"] / max(v["audio_s"], 1e-9), 4)
                               for w, v in sorted(result.workers.items(), key=lambda kv: str(kv[0]))},
+           "cpu_rtf_per_worker": {w: round(v["cpu_s"] / max(v["audio_s"], 1e-9), 4)
+                                  for w, v in sorted(result.workers.items(), key=lambda kv: str(kv[0]))},
            "load_before": round(load0, 2), "load_after": round(_load(), 2)}
     print(f"{name:>14}  {row['workers']:>2} workers  {row['wall_s']:8.2f} s  {row['x_real_time']:7.2f}x real time  "
-          f"RTF {row['rtf_total']:.4f} (per worker {', '.join(f'{v:.4f}' for v in row['rtf_per_worker'].values())})"
-          f"  startup {row['startup_s']:.1f} s  load {row['load_before']:.2f} -> {row['load_after']:.2f}", flush=True)
+          f"RTF {row['rtf_total']:.4f} (per worker {', '.join(f'{v:.4f}' for v in row['rtf_per_worker'].values())}; "
+          f"CPU s / audio s {', '.join(f'{v:.4f}' for v in row['cpu_rtf_per_worker'].values())})  "
+          f"startup {row['startup_s']:.1f} s  load {row['load_before']:.2f} -> {row['load_after']:.2f}", flush=True)
     return row
 
 
 def bench(data: KaldiDir, config, workers: int, address: str | None = None, limit: int | None = None,
-          batch: int = 4, seed: int | None = None) -> dict:
-    """Runs the measurements of the module docstring and prints them (the last line is JSON)."""
+          batch: int = 4, seed: int | None = None, repeat: int = 2) -> dict:
+    """Runs the measurements of the module docstring and prints them (the last line is JSON). In-process and
+    1-worker Ray runs alternate ``repeat`` times, so a change in the machine's load hits both alike."""
+    from statistics import median
+
+    from rtanon.audio_io import probe
     from rtanon.corpus_ray import RayExecutor, start_ray, stop_ray
 
     seed = 0 if seed is None else seed
     data = _subset(data, limit)
-    from rtanon.audio_io import probe
-
     audio_s = sum(probe(p).seconds for p in data.wav.values())
     print(f"bench: {data.root} ({len(data.wav)} utterances, {audio_s / 3600:.3f} h), method {config.method}, "
-          f"chunk {config.stream.chunk_ms} ms, {os.cpu_count()} cores here, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
-          f"Ray {'cluster ' + address if address else 'local'}", flush=True)
+          f"chunk {config.stream.chunk_ms} ms, batch {batch}, {os.cpu_count()} cores here, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, Ray {'cluster ' + address if address else 'local'}",
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="rtanon-bench-") as tmp:
         tmp = Path(tmp)
-        rows.append(_measure("in-process", data, tmp / "inproc", config,
-                             lambda: InProcessExecutor(config), batch, seed))
         t0 = time.perf_counter()
         resources = start_ray(address, workers)
         ray_init_s = time.perf_counter() - t0
+        nodes = sum(1 for k in resources if k.startswith("node:") and k != "node:__internal_head__")
         print(f"ray: {'connected to ' + address if address else 'started locally'} in {ray_init_s:.1f} s; "
-              f"cluster resources: CPU {resources.get('CPU', 0):g}, GPU {resources.get('GPU', 0):g}, "
-              f"nodes {sum(1 for k in resources if k.startswith('node:') and k != 'node:__internal_head__')}",
-              flush=True)
+              f"cluster: CPU {resources.get('CPU', 0):g}, GPU {resources.get('GPU', 0):g}, {nodes} nodes", flush=True)
+        n = 0
+
+        def measure(name, factory):
+            nonlocal n
+            n += 1
+            out = tmp / f"run{n}"
+            rows.append(_measure(name, data, out, config, factory, batch, seed))
+            rows[-1]["outputs"] = _outputs(out)
+
         try:
-            for k in range(1, workers + 1):
-                rows.append(_measure("ray", data, tmp / f"ray{k}", config,
-                                     lambda k=k: RayExecutor(config, None, k), batch, seed))
-                rows[-1]["identical_to_in_process"] = _outputs(tmp / f"ray{k}") == _outputs(tmp / "inproc")
+            for _ in range(repeat):
+                measure("in-process", lambda: InProcessExecutor(config))
+                measure("ray", lambda: RayExecutor(config, None, 1))
+            for k in range(2, workers + 1):
+                for _ in range(repeat):
+                    measure("ray", lambda k=k: RayExecutor(config, None, k))
         finally:
             stop_ray()
-        rows.append(_measure("in-process", data, tmp / "inproc2", config,
-                             lambda: InProcessExecutor(config), batch, seed))
-    base = min(r["wall_s"] for r in rows if r["run"] == "in-process")
-    one = next(r for r in rows if r["run"] == "ray" and r["workers"] == 1)
-    overhead = one["wall_s"] / base - 1.0
-    identical = all(r.get("identical_to_in_process", True) for r in rows)
-    print(f"Ray overhead, 1 worker against this process (the faster of its two runs): {100 * overhead:+.1f} %; "
-          f"Ray outputs byte-identical to the in-process ones: {'yes' if identical else 'NO'}")
+    ref = rows[0].pop("outputs")
+    identical = all(r.pop("outputs", ref) == ref for r in rows)
+    base = median(r["wall_s"] for r in rows if r["run"] == "in-process")
+    one = median(r["wall_s"] for r in rows if r["run"] == "ray" and r["workers"] == 1)
+    overhead = one / base - 1.0
+    print(f"Ray overhead, 1 worker against this process (medians of {repeat} alternating runs each): "
+          f"{100 * overhead:+.1f} %; outputs of every run byte-identical: {'yes' if identical else 'NO'}")
+    for k in range(1, workers + 1):
+        best = max((r for r in rows if r["run"] == "ray" and r["workers"] == k), key=lambda r: r["x_real_time"])
+        print(f"ray, {k} workers: best {best['x_real_time']:.1f}x real time (RTF {best['rtf_total']:.4f}), "
+              f"load {best['load_before']:.2f} -> {best['load_after']:.2f}")
     summary = {"data": str(data.root), "utterances": len(data.wav), "audio_s": round(audio_s, 2),
-               "method": config.method, "ray": address or "local", "ray_init_s": round(ray_init_s, 2),
+               "method": config.method, "chunk_ms": config.stream.chunk_ms, "batch": batch,
+               "ray": address or "local", "ray_init_s": round(ray_init_s, 2), "nodes": nodes,
                "ray_overhead": round(overhead, 4), "identical": identical, "runs": rows}
     print(json.dumps(summary))
     return summary

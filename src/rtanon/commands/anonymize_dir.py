@@ -66,6 +66,9 @@ def register(sub) -> None:
                         "Ray's overhead against this process, and the machine's load")
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="--bench: use the first N utterances only")
+    p.add_argument("--repeat", type=int, default=2, metavar="N",
+                   help="--bench: alternate N in-process and N 1-worker Ray runs, and N of each larger count "
+                        "(default: 2); medians give the overhead")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_engine_args(p)
     add_seed_arg(p)
@@ -89,7 +92,7 @@ def run(args) -> int:
         from rtanon.corpus_bench import bench
 
         bench(data, config, workers=args.workers or os.cpu_count() or 1, address=args.ray_address,
-              limit=args.limit, batch=args.batch, seed=args.seed)
+              limit=args.limit, batch=args.batch, seed=args.seed, repeat=args.repeat)
         return 0
     if not args.out:
         raise CliError("--out DIR is required (unless --bench)")
