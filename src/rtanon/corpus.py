@@ -383,6 +383,8 @@ def run_corpus(plan: CorpusPlan, executor_factory) -> RunResult:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CorpusError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise CorpusError(f"--out {out}: not writable; choose a folder you can write to")
     atomic.remove_leftovers(out)  # what a run killed with SIGKILL left behind
     settings = plan.settings()
     digest = _settings_digest(settings)

@@ -15,7 +15,8 @@ before the clock starts; their load time is shown apart), the speed in times
 real time (audio seconds / wall seconds), the real-time factor (wall / audio)
 in total and per worker (the worker's busy wall time / the audio it did), the
 worker's CPU seconds per audio second (what the work costs whatever else runs
-on the machine; Ray's own processes are not in it), the
+on the machine; Ray's own processes are not in it), the CPU seconds of the
+whole run (this process, and for a local Ray every process it started), the
 1-minute load average of the machine before and after, and whether every
 run's outputs are byte-identical. Ray's overhead is the median 1-worker Ray
 wall time against the median in-process one, measured in the same call.
@@ -45,21 +46,45 @@ def _outputs(out: Path) -> dict[str, str]:
     return {u: r["output_sha256"] for u, r in recs.items()}
 
 
+def _cpu_s(tree: bool) -> float | None:
+    """CPU seconds used so far by this process (and, with ``tree``, every process below it: a local Ray's
+    daemons and actors, with the children they reaped), from /proc; None where there is no /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    stats: dict[int, tuple[int, int]] = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()  # state, ppid, ..., utime stime cutime cstime at 11..14
+        stats[int(d.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        total += stats.get(pid, (0, 0))[1]
+        if tree:
+            stack.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _load() -> float:
     return os.getloadavg()[0]
 
 
 def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, seed: int) -> dict:
     plan = CorpusPlan(data, out, config, seed=seed, batch=batch, progress=False)
-    executors = []
-
-    def make():
-        executors.append(factory())
-        return executors[-1]
-
-    load0 = _load()
-    result = run_corpus(plan, make)
-    ex = executors[0]
+    ex = factory()  # models loaded (and warmed up) before the clocks start
+    tree = name != "in-process"
+    load0, cpu0 = _load(), _cpu_s(tree)
+    result = run_corpus(plan, lambda: ex)
+    cpu1 = _cpu_s(tree)
     row = {"run": name, "workers": ex.workers, "utterances": result.done, "failed": len(result.failed),
            "audio_s": round(result.audio_s, 2), "wall_s": round(result.process_s, 3),
            "startup_s": round(ex.startup_s, 2),
@@ -69,11 +94,12 @@ def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, 
                               for w, v in sorted(result.workers.items(), key=lambda kv: str(kv[0]))},
            "cpu_rtf_per_worker": {w: round(v["cpu_s"] / max(v["audio_s"], 1e-9), 4)
                                   for w, v in sorted(result.workers.items(), key=lambda kv: str(kv[0]))},
+           "cpu_s": None if cpu0 is None else round(cpu1 - cpu0, 2),
            "load_before": round(load0, 2), "load_after": round(_load(), 2)}
     print(f"{name:>14}  {row['workers']:>2} workers  {row['wall_s']:8.2f} s  {row['x_real_time']:7.2f}x real time  "
           f"RTF {row['rtf_total']:.4f} (per worker {', '.join(f'{v:.4f}' for v in row['rtf_per_worker'].values())}; "
           f"CPU s / audio s {', '.join(f'{v:.4f}' for v in row['cpu_rtf_per_worker'].values())})  "
-          f"startup {row['startup_s']:.1f} s  load {row['load_before']:.2f} -> {row['load_after']:.2f}", flush=True)
+          f"CPU {row['cpu_s']} s  startup {row['startup_s']:.1f} s  load {row['load_before']:.2f} -> {row['load_after']:.2f}", flush=True)
     return row
 
 
@@ -125,8 +151,17 @@ def bench(data: KaldiDir, config, workers: int, address: str | None = None, limi
     base = median(r["wall_s"] for r in rows if r["run"] == "in-process")
     one = median(r["wall_s"] for r in rows if r["run"] == "ray" and r["workers"] == 1)
     overhead = one / base - 1.0
-    print(f"Ray overhead, 1 worker against this process (medians of {repeat} alternating runs each): "
-          f"{100 * overhead:+.1f} %; outputs of every run byte-identical: {'yes' if identical else 'NO'}")
+    fastest = min(r["wall_s"] for r in rows if r["run"] == "ray" and r["workers"] == 1) / min(
+        r["wall_s"] for r in rows if r["run"] == "in-process") - 1.0
+    print(f"Ray overhead, 1 worker against this process, wall time: {100 * overhead:+.1f} % (medians of {repeat} "
+          f"alternating runs each), {100 * fastest:+.1f} % (fastest of each)")
+    cpu_overhead = None
+    if not address and all(r["cpu_s"] is not None for r in rows):
+        cpu_overhead = median(r["cpu_s"] for r in rows if r["run"] == "ray" and r["workers"] == 1) / median(
+            r["cpu_s"] for r in rows if r["run"] == "in-process") - 1.0
+        print(f"Ray overhead in CPU seconds (this process and every Ray process it started, against this process "
+              f"alone; little affected by the load): {100 * cpu_overhead:+.1f} %")
+    print(f"outputs of every run byte-identical: {'yes' if identical else 'NO'}")
     for k in range(1, workers + 1):
         best = max((r for r in rows if r["run"] == "ray" and r["workers"] == k), key=lambda r: r["x_real_time"])
         print(f"ray, {k} workers: best {best['x_real_time']:.1f}x real time (RTF {best['rtf_total']:.4f}), "
@@ -134,6 +169,7 @@ def bench(data: KaldiDir, config, workers: int, address: str | None = None, limi
     summary = {"data": str(data.root), "utterances": len(data.wav), "audio_s": round(audio_s, 2),
                "method": config.method, "chunk_ms": config.stream.chunk_ms, "batch": batch,
                "ray": address or "local", "ray_init_s": round(ray_init_s, 2), "nodes": nodes,
-               "ray_overhead": round(overhead, 4), "identical": identical, "runs": rows}
+               "ray_overhead": round(overhead, 4), "ray_overhead_fastest": round(fastest, 4),
+               "ray_overhead_cpu": None if cpu_overhead is None else round(cpu_overhead, 4), "identical": identical, "runs": rows}
     print(json.dumps(summary))
     return summary
