@@ -9,20 +9,22 @@
 #   scripts/ray_two_nodes.sh anonymize-dir --data /shared/corpus --out /shared/corpus-anon
 #
 # Environment: RAY_PORT (default 6390; the script also uses ports up to RAY_PORT+400), RAY_NODE_CPUS (1),
-# RTANON (default: rtanon beside this Python, else on PATH), RAY (default: ray beside it).
+# RTANON (the rtanon command, words split; default: .venv/bin/rtanon, else rtanon on PATH), RAY (default: ray beside it).
 set -euo pipefail
 port=${RAY_PORT:-6390}
 cpus=${RAY_NODE_CPUS:-1}
 here=$(cd "$(dirname "$0")/.." && pwd)
 rtanon=${RTANON:-$( [ -x "$here/.venv/bin/rtanon" ] && echo "$here/.venv/bin/rtanon" || command -v rtanon )}
-ray=${RAY:-$(dirname "$rtanon")/ray}
+ray=${RAY:-$(dirname "${rtanon%% *}")/ray}
 [ -x "$ray" ] || ray=$(command -v ray) || { echo "ray is not installed: pip install 'rtanon[corpus]'" >&2; exit 2; }
 tmp=$(mktemp -d /tmp/rtanon-ray.XXXXXX)
+# `ray start` turns token authentication on (token in ~/.ray/auth_token): every client must say so too
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 groups=()
 
 stop() {
   for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || true; done
-  for _ in $(seq 50); do
+  for _ in $(seq 150); do  # up to 30 s: Ray shuts down gracefully on SIGTERM
     alive=0
     for g in "${groups[@]}"; do ps -o pid= -g "$g" >/dev/null 2>&1 && alive=1; done
     [ $alive = 0 ] && break
@@ -32,11 +34,12 @@ stop() {
   rm -rf "$tmp"
 }
 trap stop EXIT
+trap 'exit 130' INT TERM HUP
 
 node() {  # NAME BASE-PORT ray-start-arguments...
   local name=$1 base=$2
   shift 2
-  setsid "$ray" start --block --num-cpus "$cpus" --disable-usage-stats \
+  setsid "$ray" start --block --num-cpus "$cpus" --disable-usage-stats --node-ip-address 127.0.0.1 \
     --node-manager-port "$((base + 1))" --object-manager-port "$((base + 2))" \
     --dashboard-agent-listen-port "$((base + 3))" --dashboard-agent-grpc-port "$((base + 4))" \
     --runtime-env-agent-port "$((base + 5))" --metrics-export-port "$((base + 6))" \
@@ -49,8 +52,9 @@ nodes_up() {
 }
 
 wait_for() {  # N: until N nodes are active
-  for _ in $(seq 120); do
+  for _ in $(seq 60); do
     [ "$(nodes_up)" -ge "$1" ] && return 0
+    for g in "${groups[@]}"; do ps -o pid= -p "$g" >/dev/null || { echo "ray_two_nodes: a node failed to start" >&2; cat "$tmp"/*.log >&2; return 1; }; done
     sleep 1
   done
   echo "ray_two_nodes: the cluster did not reach $1 nodes; logs in $tmp" >&2
@@ -58,10 +62,9 @@ wait_for() {  # N: until N nodes are active
   return 1
 }
 
-node head "$((port + 10))" --head --port "$port" --include-dashboard false --ray-client-server-port "$((port + 9))" \
-  --temp-dir "$tmp/ray"
+node head "$((port + 10))" --head --port "$port" --include-dashboard false --temp-dir "$tmp/ray"
 wait_for 1
 node second "$((port + 200))" --address "127.0.0.1:$port"
 wait_for 2
 echo "ray_two_nodes: 2 nodes of $cpus CPU(s) at 127.0.0.1:$port" >&2
-"$rtanon" "$@" --ray-address "127.0.0.1:$port"
+$rtanon "$@" --ray-address "127.0.0.1:$port"

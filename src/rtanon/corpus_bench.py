@@ -78,13 +78,14 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, seed: int) -> dict:
+def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, seed: int,
+             count_cpu: bool = True) -> dict:
     plan = CorpusPlan(data, out, config, seed=seed, batch=batch, progress=False)
     ex = factory()  # models loaded (and warmed up) before the clocks start
     tree = name != "in-process"
-    load0, cpu0 = _load(), _cpu_s(tree)
+    load0, cpu0 = _load(), _cpu_s(tree) if count_cpu else None
     result = run_corpus(plan, lambda: ex)
-    cpu1 = _cpu_s(tree)
+    cpu1 = _cpu_s(tree) if count_cpu else None
     row = {"run": name, "workers": ex.workers, "utterances": result.done, "failed": len(result.failed),
            "audio_s": round(result.audio_s, 2), "wall_s": round(result.process_s, 3),
            "startup_s": round(ex.startup_s, 2),
@@ -96,10 +97,11 @@ def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, 
                                   for w, v in sorted(result.workers.items(), key=lambda kv: str(kv[0]))},
            "cpu_s": None if cpu0 is None else round(cpu1 - cpu0, 2),
            "load_before": round(load0, 2), "load_after": round(_load(), 2)}
+    row["worker_names"] = [str(w) for w in sorted(result.workers, key=str)]
     print(f"{name:>14}  {row['workers']:>2} workers  {row['wall_s']:8.2f} s  {row['x_real_time']:7.2f}x real time  "
           f"RTF {row['rtf_total']:.4f} (per worker {', '.join(f'{v:.4f}' for v in row['rtf_per_worker'].values())}; "
           f"CPU s / audio s {', '.join(f'{v:.4f}' for v in row['cpu_rtf_per_worker'].values())})  "
-          f"CPU {row['cpu_s']} s  startup {row['startup_s']:.1f} s  load {row['load_before']:.2f} -> {row['load_after']:.2f}", flush=True)
+          f"CPU {'n/a' if row['cpu_s'] is None else row['cpu_s']} s  startup {row['startup_s']:.1f} s  load {row['load_before']:.2f} -> {row['load_after']:.2f}", flush=True)
     return row
 
 
@@ -125,7 +127,9 @@ def bench(data: KaldiDir, config, workers: int, address: str | None = None, limi
         t0 = time.perf_counter()
         resources = start_ray(address, workers)
         ray_init_s = time.perf_counter() - t0
-        nodes = sum(1 for k in resources if k.startswith("node:") and k != "node:__internal_head__")
+        import ray
+
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
         print(f"ray: {'connected to ' + address if address else 'started locally'} in {ray_init_s:.1f} s; "
               f"cluster: CPU {resources.get('CPU', 0):g}, GPU {resources.get('GPU', 0):g}, {nodes} nodes", flush=True)
         n = 0
@@ -134,7 +138,8 @@ def bench(data: KaldiDir, config, workers: int, address: str | None = None, limi
             nonlocal n
             n += 1
             out = tmp / f"run{n}"
-            rows.append(_measure(name, data, out, config, factory, batch, seed))
+            # the CPU seconds of a cluster's nodes are not this process's to count
+            rows.append(_measure(name, data, out, config, factory, batch, seed, count_cpu=not address))
             rows[-1]["outputs"] = _outputs(out)
 
         try:
