@@ -62,15 +62,19 @@ def test_ray_workers_give_the_bytes_of_one_process_and_load_models_once(tmp_path
     assert set(on_ray.workers) == {name for name, _ in executors[0].ready}
 
 
-def test_the_cli_runs_on_a_local_ray_by_default_and_resumes(tmp_path, shared_data, ray_local):
+def test_the_cli_runs_on_a_local_ray_by_default_and_resumes_on_a_given_cluster(tmp_path, shared_data, ray_local):
     d = make_corpus(tmp_path, shared_data, 2)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "rtanon", "anonymize-dir", "--data", str(d), "--out", str(out), "--workers", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    cmd = [sys.executable, "-m", "rtanon", "anonymize-dir", "--data", str(d), "--out", str(out)]
+    proc = subprocess.run([*cmd, "--workers", "1"], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "2 utterances anonymized on 1 Ray workers" in proc.stdout
     recs = json.loads((out / "manifest.json").read_text())["utterances"]
     assert len(recs) == 2
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert again.returncode == 0 and "0 utterances anonymized" in again.stdout and "2 already done" in again.stdout
+    # the same command on the module's Ray (an existing cluster): verifies and skips both
+    (out / sorted(p.name for p in out.glob("*.wav"))[0]).unlink()
+    address = ray_local.get_runtime_context().gcs_address
+    again = subprocess.run([*cmd, "--ray-address", address], capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "1 utterances anonymized on 2 Ray workers" in again.stdout and "1 already done" in again.stdout
