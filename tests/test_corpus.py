@@ -331,3 +331,21 @@ def test_the_neural_method_batches_a_workers_utterances_with_the_same_audio(tmp_
     for u in d.wav:  # the same audio: batched matrix products may round the last bit differently
         diff = np.abs(outs["one"][u].astype(int) - outs["batched"][u].astype(int))
         assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (u, diff.max(), (diff > 0).mean())
+
+
+def test_without_ray_the_default_says_how_to_install_it_or_run_in_process(tmp_path, shared_data):
+    d = make_corpus(tmp_path, shared_data, 2)
+    block = ("import sys\n"
+             "class NoRay:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.split('.')[0] == 'ray':\n"
+             "            raise ImportError('ray is blocked in this test')\n"
+             "sys.meta_path.insert(0, NoRay())\n"
+             "from rtanon.cli import main\n"
+             f"sys.exit(main(['anonymize-dir', '--data', {str(d)!r}, '--out', {str(tmp_path / 'o')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "rtanon anonymize-dir: error: Ray is not installed: pip install 'rtanon[corpus]' (ray==2.60.0), or run in "
+        "this process with --workers 0"]
