@@ -58,10 +58,22 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path):
             assert 0.0 <= m["cllr_min"] <= 1.0 and m["cllr"] >= 0.0
             assert 1.0 <= m["rank_mean"] <= 4.0 and 0.0 <= m["top1"] <= m["top5"] <= 1.0
             assert m["n_target"] == 8 and m["n_nontarget"] == 8  # 8 trials x 1 other same-gender speaker
+        # the slicing attacker (paper 004): trial slices against speakers enrolled with slices
+        m = s["slicing"]
+        assert m["scorer"] == "LDA+PLDA" and m["trial_slices"] >= 8 and m["enroll_slices"] >= 1
+        assert m["n_target"] == m["trial_slices"] and m["n_nontarget"] > 0
+        assert 0.0 <= m["eer"] <= 0.5 and 0.0 <= m["linkability"] <= 1.0
+        assert 0.0 <= m["cllr_min"] <= 1.0 and m["cllr"] >= 0.0
+        assert 1.0 <= m["rank_mean"] <= m["n_speakers"] and 0.0 <= m["top1"] <= m["top5"] <= 1.0
         assert 0.0 <= s["wer"] and s["wer_words"] > 0
         assert sum(s["wer_split"].values()) == pytest.approx(s["wer"])
         assert isinstance(s["asr_runaways"], list) and s["wer_without_runaways"] >= 0.0
     orig, mc = report["systems"]["original"], report["systems"]["mcadams"]
+    sl = report["protocol"]["slicing"]
+    assert sl["slice_seconds"] == 1.0 and sl["dev_slices"] >= 8 and sl["timed_train_utterances"] > 0
+    assert sl["slice_duration_s"]["min"] >= 1.0  # Algorithm 1: at least delta
+    # McAdams keeps the timing, so both systems are attacked on the same cuts
+    assert mc["slicing"]["trial_slices"] == orig["slicing"]["trial_slices"]
     # nothing anonymized: the similarity matrices coincide and F0 is unchanged
     assert orig["deid"] == pytest.approx(0.0, abs=1e-9)
     assert orig["gvd_db"] == pytest.approx(0.0, abs=1e-9)
@@ -72,11 +84,13 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path):
     assert 0.5 < mc["rho_f0"] < 1.0
     md = (out / "report.md").read_text()
     assert "| mcadams | Semi-informed (LDA+PLDA) |" in md and "| original |" in md
+    assert "| mcadams | Slicing (LDA+PLDA) |" in md and "Slicing (paper 004)" in md
     for png in ("similarity_original.png", "similarity_mcadams.png", "scores_mcadams.png", "summary.png"):
         assert (out / png).stat().st_size > 1000
         assert f"({png})" in md
     assert (out / "systems" / "mcadams" / "dev" / "wav.scp").exists()
-    assert {p.name for p in (out / "cache").iterdir()} == {"embeddings.npz", "f0.npz", "transcripts.json"}
+    assert {p.name for p in (out / "cache").iterdir()} == {"embeddings.npz", "f0.npz", "transcripts.json",
+                                                          "words.json", "slices.npz"}
 
     # a rerun on the same anonymized audio takes every analysis from the cache and gives the same report
     assert main(args + ["--keep-anonymized"]) == 0
@@ -90,6 +104,9 @@ def test_eval_config_validation_says_how_to_fix(tmp_path):
     cfg.validate()
     with pytest.raises(ConfigError, match="PLDA needs 2 or more"):
         replace(cfg, train_utts_per_speaker=1).validate()
+    with pytest.raises(ConfigError, match="leave the slicing attacker out"):
+        replace(cfg, slice_seconds=0.1).validate()
+    replace(cfg, slice_seconds=0).validate()
     with pytest.raises(ConfigError, match="worker processes"):
         replace(cfg, jobs=0).validate()
     with pytest.raises(ConfigError, match="unknown method"):

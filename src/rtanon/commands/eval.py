@@ -12,11 +12,13 @@ def register(sub) -> None:
     p = sub.add_parser(
         "eval", help="measure privacy (ASV attacks) and utility (WER, F0) of a method on a Kaldi-style directory",
         description="Anonymizes KALDI_DIR with the method and with the McAdams baseline, then measures privacy "
-                    "against ignorant, lazy-informed and semi-informed attackers (EER, Cllr, min Cllr, "
-                    "linkability, closed-set rank and top-k, DeID and GVD from voice similarity matrices) and "
-                    "utility (WER with Whisper tiny.en, F0 correlation), beside the original audio. Writes "
-                    "DIR/report.md, DIR/report.json and PNG plots; DIR/cache keeps the analysis of the "
-                    "original audio so a rerun is faster. Needs the [eval] extra.")
+                    "(EER, Cllr, min Cllr, linkability, closed-set rank and top-k; DeID and GVD from voice "
+                    "similarity matrices) against ignorant, lazy-informed and semi-informed attackers and the "
+                    "slicing attacker of paper 004: the semi-informed one on the corpus cut between words into "
+                    "slices of about 1 s, as a publisher would release it (word timings from Whisper on the "
+                    "original audio). Utility: WER with Whisper tiny.en and F0 correlation, beside the original "
+                    "audio. Writes DIR/report.md, DIR/report.json and PNG plots; DIR/cache keeps the analysis of "
+                    "the original audio so a rerun is faster. Needs the [eval] extra.")
     p.add_argument("--data", required=True, metavar="KALDI_DIR", help="evaluation data (wav.scp, utt2spk, "
                    "spk2gender; text for WER)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
@@ -30,6 +32,11 @@ def register(sub) -> None:
                    help="use at most this many training speakers (default: all)")
     p.add_argument("--enroll-utts", type=int, default=d.enroll_utts,
                    help=f"enrolment utterances per evaluated speaker (default: {d.enroll_utts})")
+    p.add_argument("--slice-seconds", type=float, default=d.slice_seconds, metavar="DELTA",
+                   help=f"target slice duration of the slicing attacker (paper 004 Algorithm 1; default: "
+                        f"{d.slice_seconds:g} s, the paper's choice); slices end between words and last at least "
+                        "DELTA. 0 leaves the slicing attacker out (it costs a Whisper word alignment of the original "
+                        "utterances and one embedding per slice)")
     p.add_argument("--seed", type=int, default=d.seed,
                    help=f"seed of the pseudo-voices and of the protocol (default: {d.seed})")
     p.add_argument("--asr-beam-size", type=int, default=d.asr_beam_size,
@@ -53,7 +60,8 @@ def run(args) -> int:
                      train_data=Path(args.train_data) if args.train_data else None,
                      seed=args.seed, enroll_utts=args.enroll_utts,
                      train_utts_per_speaker=args.train_utts_per_speaker, train_speakers=args.train_speakers,
-                     asr_beam_size=args.asr_beam_size, jobs=args.jobs, keep_anonymized=args.keep_anonymized)
+                     asr_beam_size=args.asr_beam_size, jobs=args.jobs, keep_anonymized=args.keep_anonymized,
+                     slice_seconds=args.slice_seconds)
     result = run_eval(cfg, progress=not args.quiet)
     print(privacy_table(result))
     print()

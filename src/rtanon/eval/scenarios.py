@@ -8,6 +8,8 @@
 - Scorers: ``CosineScorer`` (mean of unit enrolment embeddings, cosine) for the
   ignorant and lazy-informed attackers; ``PldaScorer`` (LDA + PLDA trained on
   the attacker's anonymized training speakers) for the semi-informed one.
+- The slicing attacker (paper 004) is the semi-informed one on word-level
+  slices; its protocol is in :mod:`rtanon.eval.slicing`.
 - ``evaluate_attack``: EER, Cllr (llrs from the attacker's own affine
   calibration, fitted on trials among held-out training speakers), min Cllr,
   linkability, closed-set rank and top-k precision.
@@ -97,15 +99,17 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / (np.linalg.norm(x, axis=-1, keepdims=True) + 1e-12)
 
 
-def pairwise_trials(emb: np.ndarray, speakers: np.ndarray, genders: np.ndarray, scorer):
+def pairwise_trials(emb: np.ndarray, speakers: np.ndarray, genders: np.ndarray, scorer, groups=None):
     """Utterance-vs-utterance same-gender trials among a set of embeddings
-    (n, d): returns (target scores, non-target scores), each pair once."""
+    (n, d): returns (target scores, non-target scores), each pair once.
+    ``groups`` (n,): pairs within one group (slices of one utterance) are left out."""
     s = scorer.score([e[None, :] for e in emb], emb)
     iu = np.triu_indices(len(emb), 1)
     same = (speakers[:, None] == speakers[None, :])[iu]
     same_gender = (genders[:, None] == genders[None, :])[iu]
+    keep = np.ones_like(same) if groups is None else ~(groups[:, None] == groups[None, :])[iu]
     sc = s[iu]
-    return sc[same], sc[~same & same_gender]
+    return sc[same & keep], sc[~same & same_gender & keep]
 
 
 # --------------------------------------------------------------------------- attack evaluation
