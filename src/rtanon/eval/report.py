@@ -234,7 +234,8 @@ def _plots(out: Path, result: dict, plots: dict) -> list[str]:
         axes[0].bar(x + k * width, [100 * s[sc]["eer"] for sc in present], width, label=name)
         axes[1].bar(x + k * width, [s[sc]["linkability"] for sc in present], width, label=name)
     for ax, label in ((axes[0], "EER (%)"), (axes[1], "linkability")):
-        ax.set_xticks(x + width * (len(systems) - 1) / 2, [SCENARIO_TITLES[sc] for sc in present], fontsize=8)
+        ax.set_xticks(x + width * (len(systems) - 1) / 2, [SCENARIO_TITLES[sc] for sc in present], fontsize=8,
+                      rotation=20, ha="right")
         ax.set_ylabel(label)
     axes[0].set_ylim(0, 50)
     axes[1].set_ylim(0, 1)
