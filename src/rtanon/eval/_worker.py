@@ -46,11 +46,13 @@ def anonymize_shard(anonymizer_config, subset, out: str, assignment: str, seed: 
     return len(subset.wav), {"anonymize": time.process_time() - t}
 
 
-def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int) -> tuple[dict, dict]:
+def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int,
+            align_text: str | None = None) -> tuple[dict, dict]:
     """Reads one audio file and computes what ``wants`` lists:
-    ``embedding`` ((256,) float32), ``text`` (str), ``words`` (word timings,
-    [(start_s, end_s, word), ...]), ``f0`` ((frames,) float64). Text and
-    words come from one decoding when the audio fits one Whisper window.
+    ``embedding`` ((256,) float32), ``text`` (str), ``f0`` ((frames,) float64)
+    and ``words``: word timings [(start_s, end_s, word), ...] by forced
+    alignment of ``align_text`` (the reference transcript; None: Whisper's own
+    transcript of the file); empty for audio longer than one Whisper window.
     Returns the results and the CPU seconds per analysis (model loading included)."""
     from rtanon.audio_io import read_audio
     from rtanon.config import SAMPLE_RATE_HZ
@@ -60,19 +62,21 @@ def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int)
     x = read_audio(path)
     cpu["read"] = time.process_time() - t
     out = {}
-    for kind in ("embedding", "words", "text", "f0"):
-        if kind not in wants or kind in out:
+    for kind in ("embedding", "text", "words", "f0"):
+        if kind not in wants:
             continue
         t = time.process_time()
         if kind == "embedding":
             out[kind] = _model("embedder", threads=threads).embed(x)
-        elif kind == "words":
-            asr = _model("asr", beam_size=asr_beam_size, threads=threads)
-            text, out[kind] = asr.transcribe_words(x)
-            if "text" in wants and x.shape[0] <= asr.ONE_WINDOW_S * SAMPLE_RATE_HZ:
-                out["text"] = text
         elif kind == "text":
             out[kind] = _model("asr", beam_size=asr_beam_size, threads=threads).transcribe(x)
+        elif kind == "words":
+            asr = _model("asr", beam_size=asr_beam_size, threads=threads)
+            if x.shape[0] > asr.WINDOW_S * SAMPLE_RATE_HZ:
+                out[kind] = []
+            else:
+                text = align_text if align_text is not None else out.get("text") or asr.transcribe(x)
+                out[kind] = asr.align(x, text)
         else:
             out[kind] = _model("f0").track(x)
         cpu[kind] = time.process_time() - t
@@ -100,5 +104,5 @@ def analyzer_names(asr_beam_size: int) -> dict:
     emb = bundled_embedder_path()
     return {"embedding": f"dvector:{emb.stat().st_size}",
             "text": f"whisper-tiny.en-ct2-int8-beam{asr_beam_size}",
-            "words": f"whisper-tiny.en-ct2-int8-beam{asr_beam_size}-words",
+            "words": "whisper-tiny.en-ct2-int8-forced-alignment",
             "f0": F0Tracker().name}

@@ -5,11 +5,12 @@ ships Whisper tiny.en already converted to CTranslate2; nothing is fetched
 from a model hub. ``WhisperTranscriber().transcribe(signal)``: 16 kHz mono
 float32 (T,) -> text. Decoding is deterministic (temperature 0, no fallback,
 no conditioning on previous text, a small beam).
-``transcribe_words(signal)`` adds word timings from faster-whisper's
-cross-attention alignment (``word_timestamps``): the slicing attacker cuts at
-them. The alignment runs after decoding and does not change the text of audio
-up to 30 s (one decoding window; longer audio may be cut into windows
-differently, see ``WhisperTranscriber.ONE_WINDOW_S``).
+``align(signal, text)`` gives word timings by forced alignment of a known
+transcript: the same model's cross-attention alignment (dynamic time warping
+over its alignment heads) that faster-whisper's ``word_timestamps`` uses,
+without decoding, so no recognition error or hallucinated tail enters the
+timings. The slicing attacker cuts at them (paper 004 force-aligns the
+original transcript).
 """
 
 from __future__ import annotations
@@ -49,16 +50,29 @@ class WhisperTranscriber:
         self._model = WhisperModel(str(self.model_dir), device="cpu", compute_type="int8",
                                    cpu_threads=threads, num_workers=1)
 
-    ONE_WINDOW_S = 30.0  # Whisper's window: up to this, word timings leave the decoding unchanged
+    WINDOW_S = 30.0  # Whisper's window: ``align`` handles one
 
-    def transcribe_words(self, signal: np.ndarray) -> tuple[str, list[tuple[float, float, str]]]:
-        """(T,) float32 at 16 kHz -> (text, [(start_s, end_s, word), ...]), decoded as ``transcribe``."""
-        segments, _ = self._model.transcribe(
-            np.asarray(signal, dtype=np.float32), beam_size=self.beam_size, temperature=0.0,
-            condition_on_previous_text=False, without_timestamps=True, vad_filter=False, word_timestamps=True)
-        segments = list(segments)
-        words = [(float(w.start), float(w.end), w.word.strip()) for s in segments for w in (s.words or [])]
-        return " ".join(s.text.strip() for s in segments).strip(), words
+    def align(self, signal: np.ndarray, text: str) -> list[tuple[float, float, str]]:
+        """Forced alignment of ``text`` with (T,) float32 16 kHz audio of at
+        most 30 s: [(start_s, end_s, word), ...] (empty for empty text)."""
+        from faster_whisper.audio import pad_or_trim
+        from faster_whisper.tokenizer import Tokenizer
+
+        from rtanon.config import SAMPLE_RATE_HZ
+
+        x = np.asarray(signal, dtype=np.float32)
+        if x.shape[0] > self.WINDOW_S * SAMPLE_RATE_HZ:
+            raise ValueError(f"{x.shape[0] / SAMPLE_RATE_HZ:.1f} s of audio; forced alignment takes one Whisper "
+                             f"window ({self.WINDOW_S:g} s) at most")
+        if not text.split():
+            return []
+        m = self._model
+        tokenizer = Tokenizer(m.hf_tokenizer, m.model.is_multilingual, task="transcribe", language="en")
+        tokens = tokenizer.encode(" " + " ".join(text.split()).lower())
+        features = m.feature_extractor(x)
+        n_frames = min(features.shape[-1], m.feature_extractor.nb_max_frames)
+        words = m.find_alignment(tokenizer, [tokens], m.encode(pad_or_trim(features)), n_frames)[0]
+        return [(float(w["start"]), float(w["end"]), w["word"].strip()) for w in words]
 
     def transcribe(self, signal: np.ndarray) -> str:
         """(T,) float32 at 16 kHz -> the recognised text (may be empty)."""

