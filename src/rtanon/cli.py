@@ -17,7 +17,7 @@ from rtanon.errors import UserError
 #: Subcommand modules, in the order ``rtanon --help`` lists them.
 COMMANDS = [
     *(f"rtanon.commands.{name}" for name in (
-        "demo", "devices", "live", "ui", "file", "anonymize_dir", "virtual_device", "bench",
+        "demo", "devices", "live", "ui", "file", "anonymize_dir", "virtual_device", "bench", "soak",
         "identity", "pool", "f0", "f0_bench", "eval")),
     "rtanon.train.commands.train", "rtanon.train.commands.lab",
 ]

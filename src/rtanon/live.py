@@ -266,6 +266,7 @@ def _resample_block(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
 # -- devices ---------------------------------------------------------------------
 
 PULSE_PREFIX = "pulse:"
+WATCH_INTERVAL_S = 0.25  # how often run_live checks its devices
 
 
 def resolve_device(spec: str | None, kind: str) -> tuple[int | str | None, dict[str, str]]:
@@ -316,11 +317,147 @@ def pick_rate(device, kind: str, requested: int | None) -> int:
         return int(sd.query_devices(device, kind)["default_samplerate"])
 
 
+class FaultInjector:
+    """A stage placed last in a session by ``rtanon live --fault-injection``
+    (used by ``rtanon soak``): while ``active`` every chunk raises, as a stage
+    exception storm would; otherwise it hands the chunk on unchanged (the
+    method's stages after it transform it). SIGUSR1 starts a storm, SIGUSR2
+    ends it."""
+
+    latency_samples = 0
+
+    def __init__(self, hop: int) -> None:
+        self.hop = hop
+        self.active = False
+
+    def process(self, chunk: np.ndarray) -> np.ndarray:
+        if self.active:
+            raise RuntimeError("injected fault (rtanon soak: stage exception storm)")
+        return chunk
+
+    def reset(self) -> None:
+        pass
+
+
+def install_fault_injection(session: Session) -> FaultInjector:
+    import signal
+
+    injector = FaultInjector(session.chunk_samples)
+    session.stages.append(injector)
+    signal.signal(signal.SIGUSR1, lambda *_: setattr(injector, "active", True))
+    signal.signal(signal.SIGUSR2, lambda *_: setattr(injector, "active", False))
+    return injector
+
+
+def _pulse_names(kind: str) -> set[str] | None:
+    """Names of the PulseAudio ``sources``/``sinks`` now, or None when pactl cannot tell."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pactl") is None:
+        return None
+    try:
+        proc = subprocess.run(["pactl", "list", "short", kind], capture_output=True, text=True, timeout=2)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return {line.split("\t")[1] for line in proc.stdout.splitlines() if "\t" in line}
+
+
+class DeviceStream:
+    """One PortAudio stream that is reopened when it stops (the device went
+    away, the sound server killed it) or, for a PulseAudio device, when the
+    named source or sink disappears; while it is down the other stream goes
+    on (the output plays comfort noise). ``reopens`` counts the reopenings."""
+
+    RETRY_S = 0.2
+
+    def __init__(self, kind: str, device, env: dict[str, str], rate: int, blocksize: int, callback) -> None:
+        self.kind, self.device, self.env = kind, device, env
+        self.rate, self.blocksize, self.callback = rate, blocksize, callback
+        self.pulse_name = next(iter(env.values()), None)  # PULSE_SOURCE / PULSE_SINK
+        self.stream = None
+        self.reopens = 0
+        self.last_error = ""
+        self._next_try = 0.0
+
+    @property
+    def up(self) -> bool:
+        return self.stream is not None and self.stream.active
+
+    @property
+    def latency_s(self) -> float:
+        return float(self.stream.latency) if self.stream is not None else 0.0
+
+    def open(self) -> None:
+        """Opens and starts the stream; raises what PortAudio raises."""
+        import sounddevice as sd
+
+        os.environ.update(self.env)  # read by the ALSA pulse plugin when the stream opens
+        cls = sd.InputStream if self.kind == "input" else sd.OutputStream
+        stream = cls(device=self.device, channels=1, samplerate=self.rate, dtype="float32",
+                     blocksize=self.blocksize, latency="low", callback=self.callback)
+        try:
+            stream.start()
+        except Exception:
+            stream.close()
+            raise
+        self.stream = stream
+
+    def close(self) -> None:
+        if self.stream is not None:
+            try:
+                self.stream.abort()
+                self.stream.close()
+            except Exception as exc:  # a dead stream may refuse to close; it is dropped either way
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            self.stream = None
+
+    def watch(self, present: bool | None) -> None:
+        """Reopens the stream if it died or its PulseAudio device went away
+        (``present`` False); retries every ``RETRY_S`` while it cannot."""
+        if self.stream is not None and (not self.stream.active or present is False):
+            self.close()
+        if self.stream is None and present is not False and time.monotonic() >= self._next_try:
+            try:
+                self.open()
+                self.reopens += 1
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self._next_try = time.monotonic() + self.RETRY_S
+
+
+class DelayMeter:
+    """Device delays as the audio server reports them through PortAudio's
+    callback timestamps (capture: now - ADC time; playback: DAC time - now).
+    ``measured_ms`` is None until both streams reported a plausible delay
+    (some host APIs give zero timestamps); then the status line shows it,
+    otherwise an estimate from the streams' nominal latencies."""
+
+    def __init__(self) -> None:
+        self.in_s = 0.0
+        self.out_s = 0.0
+
+    def on_input(self, time_info) -> None:
+        d = time_info.currentTime - time_info.inputBufferAdcTime
+        self.in_s = d if 0.0 < d < 2.0 else 0.0
+
+    def on_output(self, time_info) -> None:
+        d = time_info.outputBufferDacTime - time_info.currentTime
+        self.out_s = d if 0.0 < d < 2.0 else 0.0
+
+    def device_ms(self) -> float | None:
+        return 1000.0 * (self.in_s + self.out_s) if self.in_s > 0.0 and self.out_s > 0.0 else None
+
+
 def run_live(session: Session, input_spec: str | None, output_spec: str | None, *,
              config: LiveConfig | None = None, duration_s: float | None = None,
-             device_rate_hz: int | None = None, status_interval_s: float = 0.5, stream=sys.stderr) -> LiveCore:
-    """Runs the live loop until Ctrl-C or ``duration_s``; returns the core with its counters."""
-    import sounddevice as sd
+             device_rate_hz: int | None = None, status_interval_s: float = 0.5, stream=sys.stderr,
+             json_status=None) -> LiveCore:
+    """Runs the live loop until Ctrl-C or ``duration_s``; returns the core with its counters.
+    ``json_status``: a text stream that gets one JSON object per status interval (for ``rtanon soak``)."""
+    import json
 
     config = config or LiveConfig()
     in_dev, in_env = resolve_device(input_spec, "input")
@@ -331,43 +468,72 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     out_rate = pick_rate(out_dev, "output", device_rate_hz)
     core = LiveCore(session, in_rate, out_rate, config)
     counters = session.counters
+    delay = DelayMeter()
 
     def in_cb(indata, frames, time_info, status):
         if status.input_overflow:
             counters.input_overflows += 1
+        delay.on_input(time_info)
         core.on_input(indata[:, 0])
 
     def out_cb(outdata, frames, time_info, status):
         if status.output_underflow:
             counters.output_underflows += 1
+        delay.on_output(time_info)
         core.on_output(outdata[:, 0])
 
-    in_stream = sd.InputStream(device=in_dev, channels=1, samplerate=in_rate, dtype="float32",
-                               blocksize=in_rate * config.block_ms // 1000, latency="low", callback=in_cb)
-    out_stream = sd.OutputStream(device=out_dev, channels=1, samplerate=out_rate, dtype="float32",
-                                 blocksize=out_rate * config.block_ms // 1000, latency="low", callback=out_cb)
+    inp = DeviceStream("input", in_dev, in_env, in_rate, in_rate * config.block_ms // 1000, in_cb)
+    out = DeviceStream("output", out_dev, out_env, out_rate, out_rate * config.block_ms // 1000, out_cb)
     algo_ms = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
     core.start()
-    t_end = None if duration_s is None else time.monotonic() + duration_s
+    t_start = time.monotonic()
+    t_end = None if duration_s is None else t_start + duration_s
     try:
-        with out_stream, in_stream:
-            device_ms = 1000.0 * (in_stream.latency + out_stream.latency)
-            print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
-                  f"{1000 * in_stream.latency:.0f}+{1000 * out_stream.latency:.0f} ms, voice {session.voice}; "
-                  "Ctrl-C stops", file=sys.stderr, flush=True)
-            while t_end is None or time.monotonic() < t_end:
-                time.sleep(status_interval_s if t_end is None else min(status_interval_s,
-                                                                       max(0.0, t_end - time.monotonic())))
-                if stream is not None:
-                    latency = algo_ms + core.queued_ms + device_ms
-                    stream.write(f"\rin {core.level_dbfs:6.1f} dBFS | latency ~{latency:5.1f} ms "
-                                 f"(algorithmic {algo_ms:.0f}) | missed {counters.missed_deadlines} | "
-                                 f"xruns {counters.input_overflows + counters.output_underflows} | "
-                                 f"errors {counters.stage_errors + core.worker_errors}   ")
-                    stream.flush()
+        out.open()
+        inp.open()
+        print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
+              f"{1000 * inp.latency_s:.0f}+{1000 * out.latency_s:.0f} ms, voice {session.voice}; "
+              "Ctrl-C stops", file=sys.stderr, flush=True)
+        next_status = 0.0
+        while t_end is None or time.monotonic() < t_end:
+            time.sleep(WATCH_INTERVAL_S if t_end is None else min(WATCH_INTERVAL_S,
+                                                                  max(0.0, t_end - time.monotonic())))
+            sources = _pulse_names("sources") if inp.pulse_name else None  # device watchdog
+            sinks = _pulse_names("sinks") if out.pulse_name else None
+            inp.watch(None if sources is None else inp.pulse_name in sources)
+            out.watch(None if sinks is None else out.pulse_name in sinks)
+            if time.monotonic() < next_status:
+                continue
+            next_status = time.monotonic() + status_interval_s
+            device_ms = delay.device_ms()
+            measured = device_ms is not None
+            if not measured:
+                device_ms = 1000.0 * (inp.latency_s + out.latency_s)
+            latency = algo_ms + core.queued_ms + device_ms
+            if stream is not None:
+                down = "".join(f" | {s.kind} DOWN" for s in (inp, out) if not s.up)
+                stream.write(f"\rin {core.level_dbfs:6.1f} dBFS | delay {'' if measured else '~'}{latency:5.1f} ms "
+                             f"({'reported by the audio server' if measured else 'estimated'}; algorithmic "
+                             f"{algo_ms:.0f}) | missed {counters.missed_deadlines} | "
+                             f"xruns {counters.input_overflows + counters.output_underflows} | "
+                             f"errors {counters.stage_errors + core.worker_errors}{down}   ")
+                stream.flush()
+            if json_status is not None:
+                json_status.write(json.dumps({
+                    "t": time.monotonic() - t_start, "level_dbfs": round(core.level_dbfs, 1),
+                    "delay_ms": round(latency, 1), "delay_measured": measured, "algorithmic_ms": algo_ms,
+                    "chunks": counters.chunks, "speech_chunks": counters.speech_chunks,
+                    "missed_deadlines": counters.missed_deadlines, "input_overflows": counters.input_overflows,
+                    "output_underflows": counters.output_underflows, "stage_errors": counters.stage_errors,
+                    "worker_errors": core.worker_errors, "input_skips": core.input_skips,
+                    "drift_trims": core.drift_trims, "input_up": inp.up, "output_up": out.up,
+                    "input_reopens": inp.reopens, "output_reopens": out.reopens}) + "\n")
+                json_status.flush()
     except KeyboardInterrupt:
         pass
     finally:
+        inp.close()
+        out.close()
         core.stop()
         if stream is not None:
             stream.write("\n")

@@ -27,6 +27,11 @@ def register(sub) -> None:
                    help="serve a control page on 127.0.0.1 and open it in the browser (needs the [ui] extra); "
                         "closing the page keeps the audio running, Ctrl-C stops")
     add_ui_args(p)
+    p.add_argument("--json-status", action="store_true",
+                   help="print the status as one JSON object per line on stdout (counters, delay, devices up)")
+    p.add_argument("--fault-injection", action="store_true",
+                   help="testing (`rtanon soak` uses it): SIGUSR1 makes every chunk's stages fail until SIGUSR2; "
+                        "the output is comfort noise meanwhile")
     p.set_defaults(func=run)
 
 
@@ -61,9 +66,14 @@ def run(args) -> int:
     from rtanon.live import run_live
 
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
+    if args.fault_injection:
+        from rtanon.live import install_fault_injection
+
+        install_fault_injection(session)
     try:
         core = run_live(session, args.input, args.output, duration_s=args.duration,
-                        device_rate_hz=args.device_rate, stream=None if args.quiet else sys.stderr)
+                        device_rate_hz=args.device_rate, stream=None if args.quiet else sys.stderr,
+                        json_status=sys.stdout if args.json_status else None)
     except ValueError as exc:  # sounddevice: no such device / ambiguous name
         raise CliError(f"{exc} (see `rtanon devices`)") from None
     c = session.counters

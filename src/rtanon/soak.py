@@ -1,0 +1,452 @@
+"""The soak test: ``rtanon live`` for a long time through a private PulseAudio
+daemon, with speech as the microphone, while faults are injected on a schedule.
+
+The wiring (all inside a ``PulseDaemon``, never the user's sound server)::
+
+    speech --pacat--> soak_fake_mic (null sink) --monitor--> soak_mic (remap source)
+        --> rtanon live --> soak_out (remap sink) --> soak_anon (null sink)
+
+``soak_mic`` and ``soak_out`` are the devices that disappear and come back;
+the two recorders listen to ``soak_fake_mic.monitor`` (what the microphone
+said) and ``soak_anon.monitor`` (what rtanon played), each block placed on the
+soak's monotonic clock from PortAudio's capture timestamps.
+
+Faults (``FAULTS``): ``cpu`` (busy processes, two per core), ``storm`` (every
+chunk's stages raise: ``live --fault-injection`` and SIGUSR1/SIGUSR2),
+``input`` (the microphone's module unloaded, then reloaded), ``output`` (the
+output sink's module unloaded, then reloaded), ``stop`` (SIGSTOP, 1 s,
+SIGCONT). Figures (``analyze``):
+
+- end-to-end delay per 10 s window (those clear of faults) from the speech envelope (the syllable
+  onsets after the pauses between utterances are the markers; a click or
+  tone would be gated by the VAD), and its drift: the median over the first
+  5 minutes against the last 5 (a fifth of the run each when shorter);
+- missed deadlines, xruns, stage and worker errors (``live --json-status``);
+- resident memory of the live process every second, and its growth (median
+  of the last 5 minutes minus median of the first 5 after start-up);
+- recovery after each fault: from the first speech onset of the microphone
+  after the fault ended, plus the fault-free delay, to the first speech in the
+  output; minus the same lag measured at fault-free onsets;
+- the maximum normalised cross-correlation of the output with the
+  microphone, per 5 s window over lags 0 to 1.5 s (raw voice scores near 1;
+  the neural method's own level is below 0.2, McAdams' near 0.4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from rtanon.constants import SAMPLE_RATE_HZ
+
+RATE = SAMPLE_RATE_HZ
+FAKE_MIC, MIC, OUT, ANON = "soak_fake_mic", "soak_mic", "soak_out", "soak_anon"
+FAULTS = ("cpu", "storm", "input", "output", "stop")
+FAULT_SECONDS = {"cpu": 10.0, "storm": 3.0, "input": 3.0, "output": 3.0, "stop": 1.0}
+WARMUP_S = 15.0  # start-up before the first fault (the neural method's models load first)
+SPEECH_DBFS = -50.0  # 20 ms frames above this count as speech (comfort noise sits at -66 dBFS)
+DELAY_WINDOW_S, XCORR_WINDOW_S, MAX_DELAY_S = 10.0, 5.0, 1.5
+#: targets of issue 27
+TARGETS = {"drift_ms": 5.0, "rss_growth_mb": 5.0, "recovery_s": 1.0,
+           "max_xcorr": {"neural": 0.2, "mcadams": 0.5}}
+
+
+class SoakError(RuntimeError):
+    pass
+
+
+@dataclass
+class Fault:
+    name: str
+    start_s: float  # on the soak's clock (seconds since the live process started)
+    duration_s: float
+    end_s: float = 0.0  # measured when the fault was lifted
+
+
+def schedule(duration_s: float, period_s: float | None = None) -> list[Fault]:
+    """Every fault in turn, from ``WARMUP_S`` on, one every ``period_s``
+    (default: one a minute, closer when needed so each fault happens at least
+    once), the last one ending at least 20 s before the end."""
+    usable = duration_s - WARMUP_S - 20.0
+    period = period_s or min(60.0, max(1.0, usable) / len(FAULTS))
+    out, t, i = [], WARMUP_S, 0
+    while t + FAULT_SECONDS[FAULTS[i % len(FAULTS)]] <= duration_s - 20.0:
+        name = FAULTS[i % len(FAULTS)]
+        out.append(Fault(name, t, FAULT_SECONDS[name]))
+        t += max(period, FAULT_SECONDS[name] + 5.0)
+        i += 1
+    if len(out) < len(FAULTS):
+        raise SoakError(f"{duration_s:.0f} s with a fault every {period:.0f} s leaves no room for every fault "
+                        "once; use a longer --duration (at least 90 s) or a shorter --period")
+    return out
+
+
+def speech_for_soak(paths: list[str], gap_s: float = 0.5) -> np.ndarray:
+    """The utterances in ``paths`` (any audio rtanon reads), each followed by ``gap_s`` of silence."""
+    from rtanon.audio_io import read_audio
+
+    gap = np.zeros(int(gap_s * RATE), np.float32)
+    parts = []
+    for p in paths:
+        parts += [read_audio(p), gap]
+    return np.concatenate(parts)
+
+
+class _Recorder:
+    """Records one PulseAudio source; each block stamped with the monotonic time it was captured."""
+
+    def __init__(self, source: str) -> None:
+        import sounddevice as sd
+
+        os.environ["PULSE_SOURCE"] = source  # read when the stream opens
+        self.blocks: list[tuple[float, np.ndarray]] = []
+        self.stream = sd.InputStream(device="pulse", channels=1, samplerate=RATE, dtype="float32",
+                                     blocksize=160, latency="low", callback=self._cb)
+
+    def _cb(self, indata, frames, time_info, status):
+        lag = time_info.currentTime - time_info.inputBufferAdcTime
+        lag = lag if 0.0 <= lag < 2.0 else 0.0
+        self.blocks.append((time.monotonic() - lag, (indata[:, 0] * 32767).astype(np.int16)))
+
+    def timeline(self, t0: float, n: int) -> np.ndarray:
+        out = np.zeros(n, np.float32)
+        for t, b in self.blocks:
+            i = int(round((t - t0) * RATE))
+            if 0 <= i < n:
+                out[i : i + b.shape[0]] = b[: n - i] / 32767.0
+        return out
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class SoakRun:
+    method: str
+    duration_s: float
+    faults: list[Fault]
+    status: list[dict] = field(default_factory=list)  # live's JSON status lines, with "t_soak"
+    rss: list[tuple[float, float]] = field(default_factory=list)
+    live_rc: int | None = None
+    live_stderr_tail: str = ""
+
+
+def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: int | None = None,
+        period_s: float | None = None, progress=None, extra_live_args: tuple[str, ...] = ()) -> dict:
+    """Runs the soak and returns ``analyze``'s report. ``progress(text)`` is called about once a second."""
+    from rtanon import pulse
+
+    faults = schedule(duration_s, period_s)
+    soak = SoakRun(method, duration_s, faults)
+    busy: list[subprocess.Popen] = []
+    with pulse.PulseDaemon() as pd:
+        pd.load_null_sink(FAKE_MIC, RATE)
+        pd.load_null_sink(ANON, RATE)
+        mic_args = ["module-remap-source", f"master={FAKE_MIC}.monitor", f"source_name={MIC}"]
+        out_args = ["module-remap-sink", f"master={ANON}", f"sink_name={OUT}", "channels=1"]
+        mods = {"input": pd.pactl("load-module", *mic_args).strip(),
+                "output": pd.pactl("load-module", *out_args).strip()}
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(pd.env)
+        import sounddevice as sd
+
+        sd._terminate()  # PortAudio lists the ALSA "pulse" device only if the daemon answered at initialisation
+        sd._initialize()
+        cmd = [sys.executable, "-m", "rtanon", "live", "--input", f"pulse:{MIC}", "--output", f"pulse:{OUT}",
+               "--method", method, "--quiet", "--json-status", "--fault-injection",
+               "--duration", str(duration_s), *extra_live_args]
+        if seed is not None:
+            cmd += ["--seed", str(seed)]
+        feeder = subprocess.Popen(["pacat", "--playback", f"--device={FAKE_MIC}", "--format=float32le",
+                                   f"--rate={RATE}", "--channels=1", "--latency-msec=100"],
+                                  env=pd.env, stdin=subprocess.PIPE)
+        live = subprocess.Popen(cmd, env=pd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stop_feed = threading.Event()
+        lines: queue.Queue = queue.Queue()
+        err_tail: list[str] = []
+        try:
+            for line in live.stderr:  # wait until its streams are open
+                err_tail.append(line)
+                if "running" in line:
+                    break
+            else:
+                raise SoakError(f"rtanon live exited at start-up: {''.join(err_tail)[-1500:]}")
+            threading.Thread(target=_pump, args=(live.stdout, lines), daemon=True).start()
+            threading.Thread(target=_pump, args=(live.stderr, None, err_tail), daemon=True).start()
+            mic, anon = _Recorder(f"{FAKE_MIC}.monitor"), _Recorder(f"{ANON}.monitor")
+            with mic.stream, anon.stream:
+                t0 = time.monotonic()
+                threading.Thread(target=_feed, args=(feeder, speech, stop_feed), daemon=True).start()
+                pending = list(faults)
+                active: list[tuple[Fault, callable]] = []
+                last_progress = 0.0
+                while True:
+                    now = time.monotonic() - t0
+                    if now >= duration_s or live.poll() is not None:
+                        break
+                    while pending and pending[0].start_s <= now:
+                        f = pending.pop(0)
+                        f.start_s = now
+                        active.append((f, _start_fault(f, live, pd, mods, mic_args, out_args, busy)))
+                    for f, lift in list(active):
+                        if now >= f.start_s + f.duration_s:
+                            lift()
+                            f.end_s = time.monotonic() - t0
+                            active.remove((f, lift))
+                    rss = _rss_mb(live.pid)
+                    if rss is not None and (not soak.rss or now - soak.rss[-1][0] >= 1.0):
+                        soak.rss.append((now, rss))
+                    while not lines.empty():
+                        t_line, text = lines.get()
+                        try:
+                            row = json.loads(text)
+                        except ValueError:
+                            continue
+                        row["t_soak"] = t_line - t0
+                        soak.status.append(row)
+                    if progress is not None and now - last_progress >= 1.0:
+                        last_progress = now
+                        st = soak.status[-1] if soak.status else {}
+                        progress(f"{now:6.0f}/{duration_s:.0f} s | rss {soak.rss[-1][1] if soak.rss else 0:.0f} MB"
+                                 f" | missed {st.get('missed_deadlines', 0)} | errors {st.get('stage_errors', 0)}"
+                                 f" | faults done {len(faults) - len(pending) - len(active)}/{len(faults)}"
+                                 f"{' | ' + ','.join(f.name for f, _ in active) if active else ''}")
+                    time.sleep(0.05)
+                for f, lift in active:
+                    lift()
+                    f.end_s = time.monotonic() - t0
+                time.sleep(1.0)  # the tail still in flight
+            n = int((time.monotonic() - t0) * RATE)
+            x, y = mic.timeline(t0, n), anon.timeline(t0, n)
+        finally:
+            stop_feed.set()
+            for p in busy:
+                if p.poll() is None:
+                    p.kill()
+            if live.poll() is None:
+                os.kill(live.pid, signal.SIGCONT)
+                live.terminate()
+            try:
+                live.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                live.kill()
+                live.wait()
+            feeder.kill()
+            feeder.wait()
+            os.environ.clear()
+            os.environ.update(saved)
+        soak.live_rc = live.returncode
+        time.sleep(0.2)
+        soak.live_stderr_tail = "".join(err_tail)[-2000:]
+    return analyze(soak, x, y)
+
+
+def _pump(stream, q: queue.Queue | None, tail: list[str] | None = None) -> None:
+    for line in stream:
+        if q is not None:
+            q.put((time.monotonic(), line))
+        else:
+            tail.append(line)
+            del tail[:-50]
+
+
+def _feed(feeder: subprocess.Popen, speech: np.ndarray, stop: threading.Event) -> None:
+    """Plays ``speech`` in a loop into the fake microphone (pacat paces the writes)."""
+    block = RATE // 10
+    i = 0
+    try:
+        while not stop.is_set():
+            feeder.stdin.write(np.ascontiguousarray(np.take(speech, np.arange(i, i + block), mode="wrap"),
+                                                    "<f4").tobytes())
+            i = (i + block) % speech.shape[0]
+    except (BrokenPipeError, ValueError, OSError):
+        pass
+
+
+def _start_fault(f: Fault, live, pd, mods: dict, mic_args: list, out_args: list, busy: list):
+    """Starts fault ``f``; returns the function that lifts it."""
+    if f.name == "cpu":
+        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+        busy.extend(procs)
+
+        def lift():
+            for p in procs:
+                p.kill()
+                p.wait()
+        return lift
+    if f.name == "storm":
+        os.kill(live.pid, signal.SIGUSR1)
+        return lambda: os.kill(live.pid, signal.SIGUSR2)
+    if f.name == "stop":
+        os.kill(live.pid, signal.SIGSTOP)
+        return lambda: os.kill(live.pid, signal.SIGCONT)
+    if f.name in ("input", "output"):
+        pd.pactl("unload-module", mods[f.name])
+
+        def lift():
+            mods[f.name] = pd.pactl("load-module", *(mic_args if f.name == "input" else out_args)).strip()
+        return lift
+    raise ValueError(f.name)
+
+
+# -- analysis -------------------------------------------------------------------------------------
+
+def _frames_db(x: np.ndarray, frame: int = 320) -> np.ndarray:
+    n = x.shape[0] // frame
+    e = np.square(x[: n * frame].astype(np.float64)).reshape(n, frame).mean(axis=1)
+    return 10.0 * np.log10(e + 1e-12)
+
+
+def _first_active(db: np.ndarray, start: int, run: int = 5) -> int | None:
+    """First 20 ms frame at or after ``start`` that begins ``run`` frames above SPEECH_DBFS."""
+    active = db > SPEECH_DBFS
+    for i in range(max(0, start), active.shape[0] - run):
+        if active[i : i + run].all():
+            return i
+    return None
+
+
+def _onset_lag_s(xdb, ydb, t_s: float, delay_s: float, horizon_s: float = 15.0) -> float | None:
+    """From the microphone's first speech onset at or after ``t_s`` (plus ``delay_s``) to the output's."""
+    fps = RATE / 320
+    ix = _first_active(xdb, int(t_s * fps))
+    if ix is None or ix / fps > t_s + horizon_s:
+        return None
+    iy = _first_active(ydb, int((ix / fps + delay_s - 0.1) * fps))
+    return None if iy is None else iy / fps - ix / fps - delay_s
+
+
+def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
+    from rtanon.analysis import envelope_delay_s, max_xcorr
+
+    dur = x.shape[0] / RATE
+    guard = [(f.start_s - 0.5, (f.end_s or f.start_s + f.duration_s) + 3.0) for f in soak.faults]
+
+    def clean(a: float, b: float) -> bool:
+        return all(b <= g0 or a >= g1 for g0, g1 in guard)
+
+    delays = []  # (window start, delay ms, clean)
+    t = WARMUP_S
+    while t + DELAY_WINDOW_S <= dur:
+        i, j = int(t * RATE), int((t + DELAY_WINDOW_S) * RATE)
+        if np.sqrt(np.mean(np.square(y[i:j]))) > 10 ** (SPEECH_DBFS / 20):
+            d = envelope_delay_s(x[i:j], y[i:j], max_delay_s=MAX_DELAY_S)
+            delays.append((t, 1000.0 * d, clean(t, t + DELAY_WINDOW_S)))
+        t += DELAY_WINDOW_S / 2
+    good = [(t, d) for t, d, ok in delays if ok]
+    edge = min(300.0, max(DELAY_WINDOW_S, (dur - WARMUP_S) / 5))
+    first = [d for t, d in good if t < WARMUP_S + edge]
+    last = [d for t, d in good if t + DELAY_WINDOW_S > dur - edge]
+    base_delay_ms = float(np.median([d for _, d in good])) if good else float("nan")
+    drift = float(np.median(last) - np.median(first)) if first and last else float("nan")
+
+    xc = []  # (window start, max xcorr)
+    lag = int(MAX_DELAY_S * RATE)
+    t = WARMUP_S
+    while t + XCORR_WINDOW_S <= dur:
+        i, j = int(t * RATE), int((t + XCORR_WINDOW_S) * RATE)
+        seg = y[i:j]
+        if np.sqrt(np.mean(np.square(seg))) > 10 ** (SPEECH_DBFS / 20) and np.any(x[max(0, i - lag) : j]):
+            xc.append((t, max_xcorr(seg, x[max(0, i - lag) : j])))
+        t += XCORR_WINDOW_S
+    in_fault = [c for t, c in xc if not clean(t, t + XCORR_WINDOW_S)]
+    fault_free = [c for t, c in xc if clean(t, t + XCORR_WINDOW_S)]
+
+    xdb, ydb = _frames_db(x), _frames_db(y)
+    d_s = base_delay_ms / 1000.0 if np.isfinite(base_delay_ms) else 0.3
+    baseline = [lag_s for t0 in np.arange(WARMUP_S, dur - 10.0, 7.3) if clean(t0 - 2.0, t0 + 8.0)
+                for lag_s in [_onset_lag_s(xdb, ydb, t0, d_s, 5.0)] if lag_s is not None]
+    base_lag = float(np.median(baseline)) if baseline else 0.0
+    faults = []
+    for f in soak.faults:
+        end = f.end_s or f.start_s + f.duration_s
+        lag_s = _onset_lag_s(xdb, ydb, end, d_s)
+        before = [r for r in soak.status if r["t_soak"] <= f.start_s]
+        after = [r for r in soak.status if r["t_soak"] <= end + 5.0]
+        inc = {k: (after[-1][k] - before[-1][k]) if before and after else None
+               for k in ("missed_deadlines", "input_overflows", "output_underflows", "stage_errors")}
+        win = [c for t, c in xc if t + XCORR_WINDOW_S > f.start_s and t < end + 10.0]
+        faults.append({**asdict(f), "recovery_s": None if lag_s is None else max(0.0, lag_s - base_lag),
+                       "onset_lag_s": lag_s, "max_xcorr_during_and_after": max(win) if win else None,
+                       "counter_increase": inc})
+
+    last_status = soak.status[-1] if soak.status else {}
+    rss = soak.rss
+    rss_first = [m for t, m in rss if WARMUP_S <= t < WARMUP_S + edge]
+    rss_last = [m for t, m in rss if t > dur - edge]
+    rss_growth = float(np.median(rss_last) - np.median(rss_first)) if rss_first and rss_last else float("nan")
+    recoveries = [f["recovery_s"] for f in faults if f["recovery_s"] is not None]
+    max_xc = max((c for _, c in xc), default=float("nan"))
+    xc_target = TARGETS["max_xcorr"].get(soak.method, 0.5)
+    report = {
+        "method": soak.method, "duration_s": dur, "live_exit_code": soak.live_rc,
+        "delay_ms": {"median": base_delay_ms, "first_median": float(np.median(first)) if first else None,
+                     "last_median": float(np.median(last)) if last else None, "drift": drift,
+                     "edge_s": edge, "windows": [(round(t, 1), round(d, 1), ok) for t, d, ok in delays]},
+        "status_delay_ms": last_status.get("delay_ms"), "status_delay_measured": last_status.get("delay_measured"),
+        "counters": {k: last_status.get(k) for k in ("chunks", "speech_chunks", "missed_deadlines", "input_overflows",
+                                                     "output_underflows", "stage_errors", "worker_errors",
+                                                     "input_skips", "drift_trims", "input_reopens",
+                                                     "output_reopens")},
+        "rss_mb": {"first_median": float(np.median(rss_first)) if rss_first else None,
+                   "last_median": float(np.median(rss_last)) if rss_last else None, "growth": rss_growth,
+                   "max": max((m for _, m in rss), default=None),
+                   "series": [(round(t), round(m, 1)) for t, m in rss[:: max(1, len(rss) // 120)]]},
+        "xcorr": {"max": max_xc, "max_fault_free": max(fault_free, default=None),
+                  "max_in_faults": max(in_fault, default=None), "windows": len(xc)},
+        "onset_lag_fault_free_s": base_lag, "faults": faults,
+        "recovery_max_s": max(recoveries) if recoveries else None,
+        "faults_unmeasured": [f["name"] for f in faults if f["recovery_s"] is None],
+    }
+    report["targets"] = {
+        "drift_ms<5": bool(abs(drift) < TARGETS["drift_ms"]) if np.isfinite(drift) else None,
+        "rss_growth_mb<5": bool(rss_growth < TARGETS["rss_growth_mb"]) if np.isfinite(rss_growth) else None,
+        "recovery_s<1": bool(recoveries) and max(recoveries) < TARGETS["recovery_s"]
+        and not report["faults_unmeasured"],
+        f"max_xcorr<{xc_target}": bool(max_xc < xc_target) if np.isfinite(max_xc) else None,
+    }
+    return report
+
+
+def format_report(r: dict) -> str:
+    d, c, m, xc = r["delay_ms"], r["counters"], r["rss_mb"], r["xcorr"]
+    lines = [
+        f"soak: method {r['method']}, {r['duration_s']:.0f} s, live exit code {r['live_exit_code']}",
+        f"end-to-end delay: median {d['median']:.1f} ms; first {d['edge_s']:.0f} s {d['first_median']} ms, "
+        f"last {d['edge_s']:.0f} s {d['last_median']} ms, drift {d['drift']:+.1f} ms "
+        f"(status line: {r['status_delay_ms']} ms, {'server-reported' if r['status_delay_measured'] else 'estimated'})",
+        f"missed deadlines {c['missed_deadlines']}, xruns {(c['input_overflows'] or 0) + (c['output_underflows'] or 0)}"
+        f" (in {c['input_overflows']}, out {c['output_underflows']}), stage errors {c['stage_errors']}, worker errors "
+        f"{c['worker_errors']}, reopened input {c['input_reopens']} / output {c['output_reopens']} times",
+        f"resident memory: first {m['first_median']} MB, last {m['last_median']} MB, growth {m['growth']:+.1f} MB, "
+        f"max {m['max']} MB",
+        f"max normalised cross-correlation output vs microphone: {xc['max']:.3f} over {xc['windows']} windows "
+        f"(fault-free {xc['max_fault_free']}, during/after faults {xc['max_in_faults']})",
+        f"recovery after faults (onset lag minus the fault-free {r['onset_lag_fault_free_s'] * 1000:.0f} ms):",
+    ]
+    for f in r["faults"]:
+        rec = "not measured (no speech onset)" if f["recovery_s"] is None else f"{f['recovery_s']:.2f} s"
+        xcf = f["max_xcorr_during_and_after"]
+        lines.append(f"  {f['name']:<7} at {f['start_s']:7.1f} s for {f['duration_s']:.0f} s: recovery {rec}, "
+                     f"max xcorr {'-' if xcf is None else f'{xcf:.3f}'}, counters +{f['counter_increase']}")
+    lines.append("targets: " + ", ".join(f"{k} {'ok' if v else ('n/a' if v is None else 'FAIL')}"
+                                        for k, v in r["targets"].items()))
+    return "\n".join(lines)
