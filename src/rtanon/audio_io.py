@@ -11,7 +11,9 @@ leaves a half-written output and never touches the input.
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
+import struct
+import sys
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -22,7 +24,7 @@ import soxr
 
 from rtanon.atomic import atomic_path, remove_leftovers
 from rtanon.constants import SAMPLE_RATE_HZ
-from rtanon.errors import UserError
+from rtanon.errors import RunFailed, UserError
 
 BLOCK_SECONDS = 2.0
 
@@ -52,12 +54,70 @@ def probe(path: str | os.PathLike) -> AudioInfo:
     if path.is_dir():
         raise AudioFileError(f"{path}: is a directory, expected an audio file")
     try:
-        info = sf.info(str(path))
+        with _quiet_decoder(path):
+            info = sf.info(str(path))
     except Exception as exc:  # libsndfile's messages are terse: add what we expected
         raise AudioFileError(f"{path}: not a readable audio file (WAV, FLAC, OGG...): {exc}") from None
     if info.frames == 0:
         raise AudioFileError(f"{path}: the file holds no audio frames")
+    _check_complete(path)
     return AudioInfo(path, int(info.samplerate), int(info.channels), int(info.frames), info.subtype)
+
+
+@contextmanager
+def _quiet_decoder(path: Path) -> Iterator[None]:
+    """Silences what libmpg123 writes straight to file descriptor 2 while an
+    MP3 opens ("Xing stream size off...": rtanon's own message says what is
+    wrong, in one line)."""
+    if path.suffix.lower() != ".mp3":
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _check_complete(path: Path) -> None:
+    """Raises AudioFileError when a WAV or Ogg file ends before its data does.
+    libsndfile shortens such files silently (it trusts the file size over a
+    WAV header, and takes an Ogg file's length from its last page); a FLAC or
+    MP3 length header is checked against what decodes in ``read_blocks``."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+            pos = 12
+            while pos + 8 <= size:
+                f.seek(pos)
+                chunk_id, length = f.read(4), struct.unpack("<I", f.read(4))[0]
+                if chunk_id == b"data":
+                    if length not in (0, 0xFFFFFFFF) and pos + 8 + length > size:  # 0/-1: written while streaming
+                        raise AudioFileError(f"{path}: truncated: the WAV header announces {length} bytes of audio, "
+                                             f"the file holds {size - pos - 8}; use the complete file")
+                    return
+                pos += 8 + length + (length & 1)
+        elif head[:4] == b"OggS":
+            f.seek(max(0, size - 70_000))  # an Ogg page is at most 65 307 bytes
+            tail_start = f.tell()
+            tail = f.read()
+            at = tail.rfind(b"OggS")
+            while at >= 0:
+                page = tail[at:]
+                if len(page) >= 27 and len(page) >= 27 + page[26]:
+                    end = at + 27 + page[26] + sum(page[27 : 27 + page[26]])
+                    if end == len(tail):  # the last page ends exactly at the end of the file
+                        if not page[5] & 0x04:
+                            break
+                        return
+                at = tail.rfind(b"OggS", 0, at)
+            raise AudioFileError(f"{path}: truncated: the Ogg stream stops before its last page "
+                                 f"(at byte {tail_start + len(tail)}); use the complete file")
 
 
 def read_blocks(path: str | os.PathLike, block_seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
@@ -74,8 +134,13 @@ def read_blocks(path: str | os.PathLike, block_seconds: float = BLOCK_SECONDS) -
     block_frames = max(1, int(block_seconds * info.sample_rate_hz))
     got = 0
     try:
-        with sf.SoundFile(str(info.path)) as f:
-            for block in f.blocks(blocksize=block_frames, dtype="float32", always_2d=True):
+        with _quiet_decoder(info.path):
+            f = sf.SoundFile(str(info.path))
+        with f:
+            while True:  # not SoundFile.blocks: it pads a short MP3 read with stale samples
+                block = f.read(block_frames, dtype="float32", always_2d=True)
+                if not block.shape[0]:
+                    break
                 got += block.shape[0]
                 mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
                 mono = np.nan_to_num(mono, nan=0.0, posinf=1.0, neginf=-1.0)
@@ -86,7 +151,8 @@ def read_blocks(path: str | os.PathLike, block_seconds: float = BLOCK_SECONDS) -
     if resampler is not None:
         yield resampler.resample_chunk(np.zeros(0, np.float32), last=True)
     if got < info.frames:
-        raise AudioFileError(f"{info.path}: truncated: header says {info.frames} frames, read {got}")
+        raise AudioFileError(f"{info.path}: truncated: header says {info.frames} frames, read {got}; "
+                             "use the complete file")
 
 
 def read_audio(path: str | os.PathLike) -> np.ndarray:
@@ -166,7 +232,9 @@ def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, prog
     """Runs ``src`` through ``session`` chunk by chunk, exactly as the live path
     would (minus its delay), and writes ``dst`` atomically at ``src``'s sample
     rate, mono, with the same number of frames. ``progress(seconds)`` is called
-    per block when given. Returns the input's AudioInfo."""
+    per block when given. Returns the input's AudioInfo. When every chunk
+    failed (the output would be comfort noise only) it raises RunFailed and
+    writes nothing."""
     info = probe(src)
     if Path(dst).resolve() == info.path.resolve():
         raise AudioFileError(f"{dst}: output would overwrite the input; choose another path")
@@ -180,4 +248,7 @@ def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, prog
     with AudioWriter(dst, info.sample_rate_hz, frames=info.frames) as writer:
         for out in session.iter_process(blocks()):
             writer.write(out)
+        c = session.counters
+        if c.chunks and c.stage_errors == c.chunks:  # comfort noise from end to end: not an anonymization
+            raise RunFailed(f"{dst} not written: every one of the {c.chunks} chunks failed ({c.last_error})")
     return info

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
+import traceback
 
 from rtanon import __version__
-from rtanon.errors import UserError
+from rtanon.errors import Interrupted, UserError
 
 #: Subcommand modules, in the order ``rtanon --help`` lists them.
 COMMANDS = [
@@ -23,28 +26,85 @@ COMMANDS = [
 ]
 
 
+#: Exit statuses, as ``rtanon --help`` and the README list them.
+EXIT_CODES = (
+    (0, "success"),
+    (1, "the run failed although its input was usable (e.g. every chunk of a file failed: no output written)"),
+    (2, "a usage error: bad option, unreadable or truncated input, unwritable output, missing device or tool"),
+    (3, "an internal error (a bug: run again with --debug and report the traceback)"),
+    (129, "stopped by SIGHUP"),
+    (130, "interrupted (Ctrl-C, SIGINT)"),
+    (143, "stopped by SIGTERM"),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage is one `--help` away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    codes = "; ".join(f"{code} {text}" for code, text in EXIT_CODES)
+    parser = _Parser(
         prog="rtanon",
         description="rtanon: real-time voice anonymizer. The other side hears your words and "
                     "intonation in a different, consistent voice that cannot be linked back to you.",
         epilog="Start with `rtanon demo`, then `rtanon virtual-device create` and "
-               "`rtanon live --input <your mic> --output rtanon`. `rtanon COMMAND --help` for details.",
+               "`rtanon live --input <your mic> --output rtanon`. `rtanon COMMAND --help` for details. "
+               f"Errors are one line on stderr. Exit status: {codes}.",
     )
     parser.add_argument("--version", action="version", version=f"rtanon {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of any error (accepted anywhere on the line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         importlib.import_module(module).register(sub)
     return parser
 
 
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
+    name = f"rtanon {args.command}"
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # run every `finally`: temporary files, devices, children
+            previous[sig] = signal.signal(sig, _raise_interrupted)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        print(f"\n{name}: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as exc:
+        print(f"\n{name}: stopped by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
     except UserError as exc:
-        print(f"rtanon {args.command}: error: {exc}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:  # a file or folder the system refused: not a bug of rtanon
+        if debug:
+            traceback.print_exc()
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"{name}: error:{where} {exc.strerror or exc}: check the path, its permissions and the free "
+              "space", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        text = " ".join(str(exc).split())[:300]
+        print(f"{name}: internal error: {type(exc).__name__}: {text} (run again with --debug for the "
+              "traceback, and report it)", file=sys.stderr)
+        return 3
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -26,6 +26,10 @@ def register(sub) -> None:
                         "sessions, bisect between the last real-time doubling and the first that is not, and "
                         "report the largest batch whose p99 step stays under 20 ms (on a GPU: streams one GPU "
                         "sustains)")
+    p.add_argument("--live-seconds", type=float, default=10.0, metavar="S",
+                   help="also run a simulated live loop (rtanon live's ring buffers and worker, 10 ms callbacks "
+                        "at real-time pace) for S seconds and count missed deadlines at this chunk size "
+                        "(default: 10; 0 skips it)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
     p.set_defaults(func=run)
 
@@ -50,6 +54,8 @@ def run(args) -> int:
         anonymizer = Anonymizer(config)
         result = bench.bench_compute(anonymizer, signal)
         title = f"method {result['method']}"
+        if args.live_seconds > 0:
+            result["live_loop"] = bench.bench_live_loop(anonymizer, signal, args.live_seconds)
         if args.streams:
             try:
                 result["streams"] = bench.bench_streams(anonymizer, args.streams)
@@ -79,6 +85,18 @@ def run(args) -> int:
               f"{result['compute_p99_ms']:>10.3f}{result['compute_max_ms']:>10.3f}{result['rtf']:>9.4f}")
         print(f"algorithmic latency {result['algorithmic_latency_ms']:.1f} ms = buffering "
               f"{result['buffering_ms']:.0f} ms + stage delays")
+    if "guard" in result:
+        g = result["guard"]
+        print(f"fail-closed guard (pass-through check): p50 {1000 * g['compute_p50_ms']:.1f} us, p99 "
+              f"{1000 * g['compute_p99_ms']:.1f} us per chunk = {g['p99_pct_of_chunk']:.2f} % of the "
+              f"{result['chunk_ms']:.0f} ms chunk budget at p99 (target < 2 %)")
+    if "live_loop" in result:
+        lv = result["live_loop"]
+        print(f"simulated live loop, {result['chunk_ms']:.0f} ms chunks, {lv['live_seconds']:.0f} s: missed "
+              f"deadlines {lv['missed_deadlines']} of {lv['callbacks']} output callbacks ({lv['missed_pct']:.1f} %), "
+              f"input skips {lv['input_skips']}, stage errors {lv['stage_errors']}"
+              + (f" (the benchmark's own clock ran up to {lv['callback_late_max_ms']:.0f} ms late)"
+                 if lv["callback_late_max_ms"] > 5 else ""))
     if "streams" in result:
         st = result["streams"]
         print(f"batched vocoder sessions ({st['backend']} on {st['device']}), one 20 ms step per call:")

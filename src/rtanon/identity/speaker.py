@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rtanon import atomic
+from rtanon.errors import UserError
 from rtanon.identity.generate import Generator, GmmConfig
 from rtanon.identity.pool import SpeakerPool, unit_norm
 from rtanon.identity.select import DISTANCES, GENDER_CHOICES, PROXIMITIES, SelectionConfig, Selector
@@ -33,8 +34,14 @@ STRATEGIES = PROXIMITIES + ("gmm",)
 NEEDS_USER = ("near", "far")
 
 
-class IdentityError(ValueError):
-    """An identity file is unreadable, or a strategy lacks what it needs."""
+#: A pseudo-speaker's F0 quantiles must lie in this range (Hz), its median in the next: the pool's
+#: voices span 35 to 630 Hz from their lowest to their highest quantile (300 gmm and random draws).
+F0_QUANTILE_RANGE_HZ = (20.0, 1000.0)
+F0_MEDIAN_RANGE_HZ = (50.0, 500.0)
+
+
+class IdentityError(ValueError, UserError):
+    """An identity file is unreadable or does not fit the model, or a strategy lacks what it needs."""
 
 
 @dataclass(frozen=True)
@@ -82,15 +89,45 @@ class PseudoSpeaker:
         if d.get("format_version", IDENTITY_FORMAT_VERSION) != IDENTITY_FORMAT_VERSION:
             raise IdentityError(f"{path}: identity format {d.get('format_version')}, this rtanon reads "
                                 f"{IDENTITY_FORMAT_VERSION}")
-        emb = np.asarray(d["embedding"], dtype=np.float32)
-        f0 = np.asarray(d["f0_quantiles_hz"], dtype=np.float32)
-        levels = tuple(d.get("quantile_levels") or np.linspace(0.0, 1.0, f0.shape[0]).round(4))
-        if emb.ndim != 1 or not np.isfinite(emb).all() or np.linalg.norm(emb) == 0:
-            raise IdentityError(f"{path}: 'embedding' must be a non-zero list of finite numbers")
-        if f0.shape != (len(levels),) or not (f0 > 0).all() or np.any(np.diff(f0) < 0):
-            raise IdentityError(f"{path}: 'f0_quantiles_hz' must be {len(levels)} increasing positive values")
+        emb = _numbers(d["embedding"], "embedding", path)
+        f0 = _numbers(d["f0_quantiles_hz"], "f0_quantiles_hz", path)
+        levels = (_numbers(d["quantile_levels"], "quantile_levels", path) if d.get("quantile_levels") is not None
+                  else np.linspace(0.0, 1.0, f0.shape[0]).round(4))
+        if np.linalg.norm(emb) == 0:
+            raise IdentityError(f"{path}: 'embedding' is all zeros; make a new identity with `rtanon identity new`")
+        if levels.shape[0] < 2 or levels[0] < 0.0 or levels[-1] > 1.0 or np.any(np.diff(levels) <= 0):
+            raise IdentityError(f"{path}: 'quantile_levels' must be increasing fractions from 0 to 1")
+        if f0.shape != levels.shape:
+            raise IdentityError(f"{path}: 'f0_quantiles_hz' has {f0.shape[0]} values for "
+                                f"{levels.shape[0]} quantile levels")
+        lo, hi = F0_QUANTILE_RANGE_HZ
+        median = float(np.interp(0.5, levels, f0))
+        if (f0.min() < lo or f0.max() > hi or np.any(np.diff(f0) < 0)
+                or not F0_MEDIAN_RANGE_HZ[0] <= median <= F0_MEDIAN_RANGE_HZ[1]):
+            raise IdentityError(f"{path}: 'f0_quantiles_hz' must be non-decreasing voice pitches from {lo:.0f} to "
+                                f"{hi:.0f} Hz with a median from {F0_MEDIAN_RANGE_HZ[0]:.0f} to "
+                                f"{F0_MEDIAN_RANGE_HZ[1]:.0f} Hz (got {f0.min():.4g} to {f0.max():.4g} Hz, "
+                                f"median {median:.4g})")
         return cls(unit_norm(emb), f0, str(d.get("gender", "")), dict(d.get("strategy", {})),
-                   str(d.get("created_utc", "")), str(d.get("encoder", "")), levels)
+                   str(d.get("created_utc", "")), str(d.get("encoder", "")), tuple(float(v) for v in levels))
+
+
+def _numbers(value, name: str, path: Path) -> np.ndarray:
+    """``value`` as a 1-D float32 array of finite numbers, or an IdentityError naming the field."""
+    ok = isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   for v in value)
+    arr = np.asarray(value, dtype=np.float64) if ok else None
+    if arr is None or not np.isfinite(arr).all():
+        raise IdentityError(f"{path}: {name!r} must be a list of finite numbers; make a new identity with "
+                            "`rtanon identity new`")
+    return arr.astype(np.float32)
+
+
+def check_fits(identity: "PseudoSpeaker", speaker_dim: int) -> None:
+    """Raises IdentityError unless ``identity`` can drive a vocoder conditioned on ``speaker_dim`` values."""
+    if identity.embedding.shape != (speaker_dim,):
+        raise IdentityError(f"the identity's embedding has {identity.embedding.shape[0]} values, this vocoder "
+                            f"takes {speaker_dim}: make the identity with this rtanon (`rtanon identity new`)")
 
 
 class IdentityModel:

@@ -157,6 +157,9 @@ class NeuralVoiceModel:
         return self.identities.new_identity(self.config.strategy, gender=self.config.gender, rng=rng)
 
     def open_stream(self, hop: int, identity, rng: np.random.Generator) -> "NeuralVoiceStage":
+        from rtanon.identity.speaker import check_fits
+
+        check_fits(identity, self.vocoder_config.speaker_dim)  # a wrong one would fail every chunk
         return NeuralVoiceStage(self, hop, identity, rng)
 
 
