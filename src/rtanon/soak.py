@@ -24,7 +24,8 @@ SIGCONT). Figures (``analyze``):
 - missed deadlines, xruns, stage and worker errors (``live --json-status``);
 - resident memory of the live process every second, and its growth (median
   of the last 5 minutes minus median of the first 5 after start-up);
-- recovery after each fault: from the first speech onset of the microphone
+- recovery after each fault: the time until ``live`` reports both streams
+  up again (its status every 0.1 s), and from the first speech of the microphone
   after the fault ended, plus the fault-free delay, to the first speech in the
   output; minus the same lag measured at fault-free onsets;
 - the maximum normalised cross-correlation of the output with the
@@ -149,8 +150,11 @@ class SoakRun:
 
 
 def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: int | None = None,
-        period_s: float | None = None, progress=None, extra_live_args: tuple[str, ...] = ()) -> dict:
-    """Runs the soak and returns ``analyze``'s report. ``progress(text)`` is called about once a second."""
+        period_s: float | None = None, progress=None, extra_live_args: tuple[str, ...] = (),
+        keep_dir: str | None = None) -> dict:
+    """Runs the soak and returns ``analyze``'s report. ``progress(text)`` is called about once a second.
+    ``keep_dir``: also write the two recordings (``mic.flac``, ``output.flac``) and the raw run
+    (``run.json``: faults, status lines, memory samples) there, for a second look."""
     from rtanon import pulse
 
     faults = schedule(duration_s, period_s)
@@ -171,7 +175,7 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
         sd._terminate()  # PortAudio lists the ALSA "pulse" device only if the daemon answered at initialisation
         sd._initialize()
         cmd = [sys.executable, "-m", "rtanon", "live", "--input", f"pulse:{MIC}", "--output", f"pulse:{OUT}",
-               "--method", method, "--quiet", "--json-status", "--fault-injection",
+               "--method", method, "--quiet", "--json-status", "--status-interval", "0.1", "--fault-injection",
                "--duration", str(duration_s), *extra_live_args]
         if seed is not None:
             cmd += ["--seed", str(seed)]
@@ -256,7 +260,32 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
         soak.live_rc = live.returncode
         time.sleep(0.2)
         soak.live_stderr_tail = "".join(err_tail)[-2000:]
+    if keep_dir is not None:
+        keep(soak, x, y, keep_dir)
     return analyze(soak, x, y)
+
+
+def keep(soak: SoakRun, x: np.ndarray, y: np.ndarray, directory: str) -> None:
+    import soundfile as sf
+
+    from rtanon.atomic import atomic_path, write_text
+
+    os.makedirs(directory, exist_ok=True)
+    for name, sig in (("mic.flac", x), ("output.flac", y)):
+        with atomic_path(os.path.join(directory, name)) as tmp:
+            sf.write(tmp, sig, RATE, format="FLAC", subtype="PCM_16")
+    write_text(os.path.join(directory, "run.json"), json.dumps(asdict(soak)) + "\n")
+
+
+def load_kept(directory: str) -> tuple[SoakRun, np.ndarray, np.ndarray]:
+    """What ``keep`` wrote, for ``analyze``."""
+    import soundfile as sf
+
+    d = json.loads(open(os.path.join(directory, "run.json")).read())
+    d["faults"] = [Fault(**f) for f in d["faults"]]
+    x = sf.read(os.path.join(directory, "mic.flac"), dtype="float32")[0]
+    y = sf.read(os.path.join(directory, "output.flac"), dtype="float32")[0]
+    return SoakRun(**d), x, y
 
 
 def _pump(stream, q: queue.Queue | None, tail: list[str] | None = None) -> None:
@@ -384,8 +413,12 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
         inc = {k: (after[-1][k] - before[-1][k]) if before and after else None
                for k in ("missed_deadlines", "input_overflows", "output_underflows", "stage_errors")}
         win = [c for t, c in xc if t + XCORR_WINDOW_S > f.start_s and t < end + 10.0]
+        back = None if f.name not in ("input", "output", "stop") else next(
+            (r["t_soak"] - end for r in soak.status if r["t_soak"] >= end and r.get("input_up") and r.get("output_up")),
+            None)
         faults.append({**asdict(f), "recovery_s": None if lag_s is None else max(0.0, lag_s - base_lag),
                        "onset_lag_s": lag_s, "max_xcorr_during_and_after": max(win) if win else None,
+                       "devices_up_after_s": back,
                        "counter_increase": inc})
 
     last_status = soak.status[-1] if soak.status else {}
@@ -444,6 +477,8 @@ def format_report(r: dict) -> str:
     ]
     for f in r["faults"]:
         rec = "not measured (no speech onset)" if f["recovery_s"] is None else f"{f['recovery_s']:.2f} s"
+        if f["devices_up_after_s"] is not None:
+            rec += f" (both streams up {f['devices_up_after_s']:.2f} s after)"
         xcf = f["max_xcorr_during_and_after"]
         lines.append(f"  {f['name']:<7} at {f['start_s']:7.1f} s for {f['duration_s']:.0f} s: recovery {rec}, "
                      f"max xcorr {'-' if xcf is None else f'{xcf:.3f}'}, counters +{f['counter_increase']}")

@@ -27,6 +27,8 @@ def register(sub) -> None:
                    help="serve a control page on 127.0.0.1 and open it in the browser (needs the [ui] extra); "
                         "closing the page keeps the audio running, Ctrl-C stops")
     add_ui_args(p)
+    p.add_argument("--status-interval", type=float, default=0.5, metavar="S",
+                   help="seconds between status updates (default: 0.5)")
     p.add_argument("--json-status", action="store_true",
                    help="print the status as one JSON object per line on stdout (counters, delay, devices up)")
     p.add_argument("--fault-injection", action="store_true",
@@ -65,6 +67,8 @@ def run(args) -> int:
         raise CliError("--monitor and --no-browser go with --ui")
     from rtanon.live import run_live
 
+    if not 0.05 <= args.status_interval <= 60:
+        raise CliError(f"--status-interval {args.status_interval}: use 0.05 to 60 seconds")
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
     if args.fault_injection:
         from rtanon.live import install_fault_injection
@@ -73,6 +77,7 @@ def run(args) -> int:
     try:
         core = run_live(session, args.input, args.output, duration_s=args.duration,
                         device_rate_hz=args.device_rate, stream=None if args.quiet else sys.stderr,
+                        status_interval_s=args.status_interval,
                         json_status=sys.stdout if args.json_status else None)
     except ValueError as exc:  # sounddevice: no such device / ambiguous name
         raise CliError(f"{exc} (see `rtanon devices`)") from None

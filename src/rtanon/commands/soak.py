@@ -28,6 +28,8 @@ def register(sub) -> None:
                    help="seconds between faults (default: 60, or less so each fault happens at least once)")
     p.add_argument("--seed", type=int, default=None, help="pin the live session's pseudo-voice")
     p.add_argument("--report", metavar="FILE", default=None, help="also write the JSON report to FILE")
+    p.add_argument("--keep", metavar="DIR", default=None,
+                   help="also keep both recordings (mic.flac, output.flac) and the raw run (run.json) in DIR")
     p.add_argument("--json", action="store_true", help="print the JSON report on the last line")
     p.set_defaults(func=run)
 
@@ -66,7 +68,7 @@ def run(args) -> int:
 
     try:
         report = soak.run(speech, args.duration, args.method, seed=args.seed, period_s=args.period,
-                          progress=progress)
+                          progress=progress, keep_dir=args.keep)
     except (PulseError, soak.SoakError) as exc:
         raise CliError(f"soak: {exc}") from None
     if tty:
