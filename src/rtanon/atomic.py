@@ -4,14 +4,17 @@ or not at all.
 Everything rtanon writes (audio, identities, pools, caches, checkpoints,
 shards, engines, reports) goes through :func:`atomic_path` or
 :func:`atomic_open`. The data goes to a hidden temporary file beside the
-target, ``.NAME.XXXXXXXX.part``, which replaces the target only when the
-block exits without an exception and is removed otherwise. A process killed
-with SIGKILL cannot clean up; :func:`remove_leftovers` sweeps what such a run
-left behind.
+target, ``.NAME.PID.XXXXXXXX.part``, which replaces the target only when the
+block exits without an exception and is removed otherwise (the CLI turns
+SIGTERM and SIGHUP into an exception, so those clean up too). A process
+killed with SIGKILL cannot clean up: the next write of the same name removes
+the temporary files whose process is gone, and :func:`remove_leftovers`
+sweeps a folder.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
@@ -38,7 +41,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PART_SUFFIX, dir=directory)
+    _sweep_dead(directory, path.name)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=PART_SUFFIX, dir=directory)
+    except OSError as exc:  # name the file the user asked for, not the temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     os.close(fd)
     try:
         yield Path(tmp)
@@ -71,10 +78,32 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
         f.write(data)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's live process
+        return True
+    return True
+
+
+def _sweep_dead(directory: Path, name: str) -> None:
+    """Removes ``name``'s temporary files whose writing process is gone (killed with SIGKILL, or a
+    power cut); those of a live writer stay. Best effort: an unreadable folder fails later, clearly."""
+    try:
+        for p in directory.glob(f".{glob.escape(name)}.*{PART_SUFFIX}"):
+            pid = p.name[len(name) + 2 :].split(".", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)) and p.is_file():
+                p.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def remove_leftovers(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
     """Removes temporary files that a killed run left in ``directory`` (only
     those for ``name`` when given) and returns what it removed."""
-    pattern = f".{name}.*{PART_SUFFIX}" if name else f".*{PART_SUFFIX}"
+    pattern = f".{glob.escape(name)}.*{PART_SUFFIX}" if name else f".*{PART_SUFFIX}"
     removed = []
     for p in Path(directory).glob(pattern):
         if p.is_file():

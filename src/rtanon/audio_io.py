@@ -195,8 +195,12 @@ class AudioWriter:
         self._stack = ExitStack()
         tmp = self._stack.enter_context(atomic_path(self.path))
         try:
-            self._file = self._stack.enter_context(
-                sf.SoundFile(tmp, "w", self.sample_rate_hz, 1, subtype=subtype, format=self._format))
+            try:
+                self._file = self._stack.enter_context(
+                    sf.SoundFile(tmp, "w", self.sample_rate_hz, 1, subtype=subtype, format=self._format))
+            except (sf.LibsndfileError, OSError) as exc:
+                raise AudioFileError(f"{self.path}: cannot write {self._format} at {self.sample_rate_hz} Hz: "
+                                     f"{exc}; try .wav or .flac, and check the free space") from None
         except BaseException as exc:
             self._stack.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -211,7 +215,12 @@ class AudioWriter:
     def _write(self, block: np.ndarray) -> None:
         if self._frames is not None:
             block = block[: max(0, self._frames - self.frames_written)]
-        self._file.write(np.clip(block, -1.0, 1.0))
+        try:
+            self._file.write(np.clip(block, -1.0, 1.0))
+        except (sf.LibsndfileError, OSError, AssertionError) as exc:  # soundfile asserts on a short write
+            why = str(exc) or "short write"
+            raise AudioFileError(f"{self.path}: writing failed after {self.frames_written} frames ({why}): "
+                                 "is the disk full?") from None
         self.frames_written += block.shape[0]
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a file or folder the system refused: not a bug of rtanon
         if debug:
             traceback.print_exc()
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"{name}: error:{where} {exc.strerror or exc}: check the path, its permissions and the free "
+        where = f" {exc.filename}:" if exc.filename else ""
+        print(f"{name}: error:{where} {exc.strerror or exc}; check the path, its permissions and the free "
               "space", file=sys.stderr)
         return 2
     except Exception as exc:

@@ -269,9 +269,17 @@ PULSE_PREFIX = "pulse:"
 WATCH_INTERVAL_S = 0.25  # how often run_live checks its devices
 
 
+NO_DEVICES_HINT = ("PortAudio sees no audio device: on Linux start PulseAudio or PipeWire (and install "
+                   "libasound2-plugins for the ALSA 'pulse' device), or check that ALSA lists your card (aplay -l)")
+
+
+class DeviceError(ConfigError):
+    """An audio device that cannot be used as asked; the message says what to do."""
+
+
 def resolve_device(spec: str | None, kind: str) -> tuple[int | str | None, dict[str, str]]:
     """Turns a ``--input``/``--output`` value into a PortAudio device and the
-    environment it needs.
+    environment it needs; a DeviceError says why it cannot.
 
     ``None`` is the default device; digits are an index; ``pulse:NAME`` is the
     PulseAudio sink/source NAME reached through the ALSA ``pulse`` device;
@@ -284,21 +292,47 @@ def resolve_device(spec: str | None, kind: str) -> tuple[int | str | None, dict[
     from rtanon import pulse
 
     env_var = "PULSE_SOURCE" if kind == "input" else "PULSE_SINK"
+    option = f"--{kind}"
+    devices = sd.query_devices()
+    if not len(devices):
+        raise DeviceError(NO_DEVICES_HINT)
+    channels = "max_input_channels" if kind == "input" else "max_output_channels"
     if spec is None:
+        try:
+            sd.query_devices(None, kind)
+        except (sd.PortAudioError, ValueError):
+            raise DeviceError(f"no default {kind} device; pick one with {option} (`rtanon devices` lists "
+                              "them)") from None
         return None, {}
     if spec.isdigit():
-        return int(spec), {}
+        index = int(spec)
+        if index >= len(devices):
+            raise DeviceError(f"{option} {spec}: no such device; `rtanon devices` lists {len(devices)} "
+                              f"(0 to {len(devices) - 1})")
+        if devices[index][channels] < 1:
+            raise DeviceError(f"{option} {spec}: {devices[index]['name']!r} has no {kind} channels; "
+                              "`rtanon devices` shows which devices do")
+        return index, {}
     if spec.startswith(PULSE_PREFIX):
-        return "pulse", {env_var: spec[len(PULSE_PREFIX):]}
+        name = spec[len(PULSE_PREFIX):]
+        if not any(d["name"] == "pulse" for d in devices):
+            raise DeviceError(f"{option} {spec} needs the ALSA 'pulse' device, which PortAudio does not list: "
+                              "start PulseAudio or PipeWire and install libasound2-plugins")
+        names = _pulse_names("sources" if kind == "input" else "sinks")
+        if not name or (names is not None and name not in names):
+            known = ", ".join(sorted(names or [])) or "none"
+            raise DeviceError(f"{option} {spec}: no PulseAudio {'source' if kind == 'input' else 'sink'} "
+                              f"named {name!r} (there are: {known})")
+        return "pulse", {env_var: name}
     try:
         sd.query_devices(spec, kind)
         return spec, {}
-    except ValueError:
+    except ValueError as exc:
         if spec == "rtanon" and kind == "output":
             return "pulse", {env_var: pulse.SINK_NAME}
         if spec == "rtanon" and kind == "input":
             return "pulse", {env_var: pulse.SOURCE_NAME}
-        raise
+        raise DeviceError(f"{option} {spec}: {exc}; `rtanon devices` lists the devices") from None
 
 
 def pick_rate(device, kind: str, requested: int | None) -> int:
@@ -459,6 +493,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     ``json_status``: a text stream that gets one JSON object per status interval (for ``rtanon soak``)."""
     import json
 
+    import sounddevice as sd
+
     config = config or LiveConfig()
     in_dev, in_env = resolve_device(input_spec, "input")
     out_dev, out_env = resolve_device(output_spec, "output")
@@ -489,8 +525,12 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     t_start = time.monotonic()
     t_end = None if duration_s is None else t_start + duration_s
     try:
-        out.open()
-        inp.open()
+        for device in (out, inp):
+            try:
+                device.open()
+            except sd.PortAudioError as exc:
+                raise DeviceError(f"cannot open the {device.kind} device {device.device!r}: {exc}; "
+                                  "`rtanon devices` lists the devices") from None
         print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
               f"{1000 * inp.latency_s:.0f}+{1000 * out.latency_s:.0f} ms, voice {session.voice}; "
               "Ctrl-C stops", file=sys.stderr, flush=True)

@@ -54,6 +54,7 @@ FAKE_MIC, MIC, OUT, ANON = "soak_fake_mic", "soak_mic", "soak_out", "soak_anon"
 FAULTS = ("cpu", "storm", "input", "output", "stop")
 FAULT_SECONDS = {"cpu": 10.0, "storm": 3.0, "input": 3.0, "output": 3.0, "stop": 1.0}
 WARMUP_S = 15.0  # start-up before the first fault (the neural method's models load first)
+TAIL_S = 10.0  # fault-free time at the end
 SPEECH_DBFS = -50.0  # 20 ms frames above this count as speech (comfort noise sits at -66 dBFS)
 DELAY_WINDOW_S, XCORR_WINDOW_S, MAX_DELAY_S = 10.0, 5.0, 1.5
 #: targets of issue 27
@@ -76,18 +77,18 @@ class Fault:
 def schedule(duration_s: float, period_s: float | None = None) -> list[Fault]:
     """Every fault in turn, from ``WARMUP_S`` on, one every ``period_s``
     (default: one a minute, closer when needed so each fault happens at least
-    once), the last one ending at least 20 s before the end."""
-    usable = duration_s - WARMUP_S - 20.0
+    once), the last one ending at least ``TAIL_S`` before the end."""
+    usable = duration_s - WARMUP_S - TAIL_S
     period = period_s or min(60.0, max(1.0, usable) / len(FAULTS))
     out, t, i = [], WARMUP_S, 0
-    while t + FAULT_SECONDS[FAULTS[i % len(FAULTS)]] <= duration_s - 20.0:
+    while t + FAULT_SECONDS[FAULTS[i % len(FAULTS)]] <= duration_s - TAIL_S:
         name = FAULTS[i % len(FAULTS)]
         out.append(Fault(name, t, FAULT_SECONDS[name]))
-        t += max(period, FAULT_SECONDS[name] + 5.0)
+        t += max(period, FAULT_SECONDS[name] + 3.0)
         i += 1
     if len(out) < len(FAULTS):
         raise SoakError(f"{duration_s:.0f} s with a fault every {period:.0f} s leaves no room for every fault "
-                        "once; use a longer --duration (at least 90 s) or a shorter --period")
+                        "once; use a longer --duration (at least 60 s) or a shorter --period")
     return out
 
 

@@ -65,6 +65,12 @@ def run_new(args: argparse.Namespace) -> int:
     from rtanon.errors import CliError
     from rtanon.identity.speaker import NEEDS_USER, IdentityError, IdentityModel, assign_identities
 
+    out = Path(args.out)
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise CliError(f"--out {out}: folder {out.parent} does not exist; create it first")
+    if args.theta_fd is not None and not -1.0 < args.theta_fd <= 1.0:
+        raise CliError(f"--theta-fd {args.theta_fd}: a cosine similarity above -1 and at most 1 (default 0.75; "
+                       "lower keeps the voice further from yours, 1 disables the check)")
     model = IdentityModel(_pool(args))
     rng = np.random.default_rng(args.seed)
     kw = dict(strategy=args.strategy, distance=args.distance, gender=args.gender, user_gender=args.user_gender,
@@ -75,7 +81,7 @@ def run_new(args: argparse.Namespace) -> int:
             from rtanon.identity.encoder import make_encoder
 
             enc = make_encoder()
-            user = np.stack([enc.embed(read_audio(w)) for w in args.enroll])  # in memory only
+            user = np.stack([_embed(enc, read_audio(w), w) for w in args.enroll])  # in memory only
             identities = assign_identities(model, user, args.assignment, **kw)
             del user
         else:
@@ -84,13 +90,21 @@ def run_new(args: argparse.Namespace) -> int:
             identities = [model.new_identity(**kw)]
     except IdentityError as exc:
         raise CliError(str(exc)) from None
-    out = Path(args.out)
     paths = [out] if len(identities) == 1 else [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.json'}")
                                                 for i in range(len(identities))]
     for ident, path in zip(identities, paths):
         ident.save(path)
         print(f"wrote {path}: {_describe(ident)}")
     return 0
+
+
+def _embed(encoder, audio, path: str):
+    from rtanon.errors import CliError
+
+    try:
+        return encoder.embed(audio)
+    except ValueError as exc:  # too short, silent
+        raise CliError(f"--enroll {path}: {exc}") from None
 
 
 def _describe(ident) -> str:

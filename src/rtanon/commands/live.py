@@ -54,7 +54,7 @@ def run(args) -> int:
     import sys
 
     from rtanon.commands._common import import_sounddevice
-    from rtanon.errors import CliError
+    from rtanon.errors import CliError, UserError
 
     import_sounddevice()
     if args.ui:
@@ -65,7 +65,10 @@ def run(args) -> int:
         return run_ui(args, settings)
     if args.monitor is not None or args.no_browser:
         raise CliError("--monitor and --no-browser go with --ui")
-    from rtanon.live import run_live
+    from rtanon.live import resolve_device, run_live
+
+    for spec, kind in ((args.input, "input"), (args.output, "output")):
+        resolve_device(spec, kind)  # before the models load: a missing device is a quick one-line error
 
     if not 0.05 <= args.status_interval <= 60:
         raise CliError(f"--status-interval {args.status_interval}: use 0.05 to 60 seconds")
@@ -79,6 +82,8 @@ def run(args) -> int:
                         device_rate_hz=args.device_rate, stream=None if args.quiet else sys.stderr,
                         status_interval_s=args.status_interval,
                         json_status=sys.stdout if args.json_status else None)
+    except UserError:
+        raise
     except ValueError as exc:  # sounddevice: no such device / ambiguous name
         raise CliError(f"{exc} (see `rtanon devices`)") from None
     c = session.counters

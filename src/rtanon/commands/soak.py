@@ -19,7 +19,7 @@ def register(sub) -> None:
         epilog="Needs pulseaudio, pactl and pacat (apt-get install pulseaudio pulseaudio-utils "
                "libasound2-plugins). Example: rtanon soak --duration 3600 --speech a.wav b.flac --json")
     p.add_argument("--duration", type=float, default=120.0, metavar="S",
-                   help="how long `rtanon live` runs (default: 120; every fault needs one slot, at least 95 s)")
+                   help="how long `rtanon live` runs (default: 120; at least 60, so that every fault happens once)")
     p.add_argument("--method", default="neural", choices=METHOD_NAMES, help="anonymization method (default: neural)")
     p.add_argument("--speech", nargs="+", default=None, metavar="FILE",
                    help="audio files played, each followed by 0.5 s of silence, in a loop, as the microphone "

@@ -147,7 +147,7 @@ class GenderGmm:
             embs.extend(emb[ok])
             f0s.extend(f0[ok])
             if redraws > self.config.max_redraws * n:
-                raise RuntimeError(f"forced dissimilarity: no sample with cosine <= {theta_fd} after "
+                raise ConfigError(f"forced dissimilarity: no sample with cosine <= {theta_fd} after "
                                    f"{redraws} draws; raise theta_fd (default 0.75)")
         return np.stack(embs), np.stack(f0s), redraws
 
