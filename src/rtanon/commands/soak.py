@@ -46,6 +46,10 @@ def run(args) -> int:
     from rtanon.errors import CliError
     from rtanon.pulse import PulseError
 
+    try:
+        soak.schedule(args.duration, args.period)
+    except soak.SoakError as exc:
+        raise CliError(str(exc)) from None
     missing = [t for t in ("pulseaudio", "pactl", "pacat") if shutil.which(t) is None]
     if missing:
         raise CliError(f"needs {', '.join(missing)}: sudo apt-get install pulseaudio pulseaudio-utils "
@@ -57,10 +61,6 @@ def run(args) -> int:
         from rtanon.bench import speech_signal
 
         speech = np.concatenate((speech_signal(10.0), np.zeros(8000, np.float32)))
-    try:
-        soak.schedule(args.duration, args.period)
-    except soak.SoakError as exc:
-        raise CliError(str(exc)) from None
     tty = sys.stderr.isatty()
 
     def progress(text: str) -> None:

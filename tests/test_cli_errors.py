@@ -1,0 +1,194 @@
+"""Issue 27: the CLI over a catalogue of bad inputs. Every case must end with exactly one line on stderr
+(no traceback), an exit status that ``rtanon --help`` documents, and nothing left in the output folder.
+
+Read-only and full output folders are real mounts (a read-only tmpfs, a 16 KiB tmpfs) where the test may
+mount (root); otherwise a read-only folder is a chmod 555 folder and the full disk is skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from rtanon.cli import EXIT_CODES
+
+RATE = 16000
+DOCUMENTED = {code for code, _ in EXIT_CODES}
+NO_PULSE = {"PULSE_SERVER": "unix:/nonexistent/rtanon-test", "PULSE_SOURCE": "", "PULSE_SINK": ""}
+
+
+def _rtanon(*args, env=None, timeout=300):
+    full = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "rtanon", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full)
+
+
+def _one_line_error(proc, code=2, contains=""):
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert proc.returncode == code and code in DOCUMENTED, (proc.returncode, proc.stderr)
+    assert lines[0].startswith("rtanon"), lines
+    assert contains in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, speech):
+    d = tmp_path_factory.mktemp("inputs")
+    sf.write(d / "in.wav", speech[: 2 * RATE], RATE)
+    sf.write(d / "ten_ms.wav", speech[:160], RATE)
+    sf.write(d / "in96k.wav", np.repeat(speech[: 2 * RATE], 6), 96000)
+    data = (d / "in.wav").read_bytes()
+    (d / "cut.wav").write_bytes(data[: len(data) // 2])
+    return d
+
+
+def _mount(path: Path, options: str) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    path.mkdir(exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], capture_output=True)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    d = tmp_path / "ro"
+    if _mount(d, "ro,size=64k"):
+        yield d
+        _umount(d)
+        return
+    if os.geteuid() == 0:
+        pytest.skip("root without mount: a chmod 555 folder would still be writable")
+    d.mkdir()
+    d.chmod(0o555)
+    yield d
+    d.chmod(0o755)
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    d = tmp_path / "full"
+    if not _mount(d, "size=16k"):
+        pytest.skip("a full disk is simulated with a 16 KiB tmpfs, which needs root and mount")
+    yield d
+    _umount(d)
+
+
+def test_output_in_a_read_only_folder(inputs, read_only_dir):
+    _one_line_error(_rtanon("file", str(inputs / "in.wav"), str(read_only_dir / "o.wav"), "--method", "mcadams"),
+                    contains="o.wav")
+
+
+def test_output_on_a_full_disk(inputs, full_dir):
+    _one_line_error(_rtanon("file", str(inputs / "in.wav"), str(full_dir / "o.wav"), "--method", "mcadams"),
+                    contains="disk full")
+    assert list(full_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("name, args, contains", [
+    ("missing input", ["file", "{d}/nope.wav", "{o}/o.wav"], "no such file"),
+    ("truncated input", ["file", "{d}/cut.wav", "{o}/o.wav"], "truncated"),
+    ("output equals input", ["file", "{d}/in.wav", "{d}/in.wav"], "overwrite the input"),
+    ("raw output", ["file", "{d}/in.wav", "{o}/o.raw"], "o.raw"),
+    ("output is a folder", ["file", "{d}/in.wav", "{o}"], ""),
+    ("mp3 at 96 kHz", ["file", "{d}/in96k.wav", "{o}/o.mp3"], "96000"),
+    ("output folder missing", ["file", "{d}/in.wav", "{o}/no/o.wav"], "does not exist"),
+    ("bad chunk size", ["file", "{d}/in.wav", "{o}/o.wav", "--chunk-ms", "7"], "--chunk-ms"),
+    ("unknown command", ["frobnicate"], "invalid choice"),
+    ("identity into a missing folder", ["identity", "new", "--out", "{o}/no/x.json"], "does not exist"),
+    ("theta-fd -1", ["identity", "new", "--theta-fd", "-1", "--out", "{o}/x.json"], "--theta-fd"),
+    ("enroll 10 ms", ["identity", "new", "--strategy", "near", "--enroll", "{d}/ten_ms.wav", "--out", "{o}/x.json"],
+     "--enroll"),
+    ("soak too short", ["soak", "--duration", "20"], "--duration"),
+])
+def test_bad_input_catalogue(inputs, tmp_path, name, args, contains):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [a.format(d=inputs, o=out) for a in args]
+    proc = _rtanon(*args, "--method", "mcadams") if args[0] == "file" else _rtanon(*args)
+    _one_line_error(proc, contains=contains)
+    assert not [p for p in out.rglob("*")], list(out.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def good_identity(tmp_path_factory):
+    from rtanon.identity.speaker import IdentityModel
+
+    path = tmp_path_factory.mktemp("ident") / "good.json"
+    IdentityModel().new_identity(rng=np.random.default_rng(5)).save(path)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("change", [
+    {"embedding": "0.1 0.2"}, {"embedding": [float("inf")] * 256}, {"f0_quantiles_hz": [1e6] * 101},
+    {"f0_quantiles_hz": [1e-3] * 101}, {"quantile_levels": 5}, {"quantile_levels": list(np.linspace(1, 0, 101))},
+    {"embedding": None}, "not json",
+], ids=["string", "infinity", "1MHz", "1mHz", "levels-5", "levels-reversed", "null", "not-json"])
+def test_bad_identity_files(inputs, tmp_path, good_identity, change):
+    path = tmp_path / "bad.json"
+    path.write_text(change if isinstance(change, str) else json.dumps({**good_identity, **change}))
+    proc = _rtanon("file", str(inputs / "in.wav"), str(tmp_path / "o.wav"), "--method", "mcadams",
+                   "--identity", str(path))
+    _one_line_error(proc, contains="--identity")
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_debug_shows_the_traceback(inputs, tmp_path):
+    proc = _rtanon("--debug", "file", str(inputs / "nope.wav"), str(tmp_path / "o.wav"))
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "no such file" in proc.stderr
+
+
+def test_help_documents_the_exit_codes():
+    proc = _rtanon("--help")
+    text = " ".join(proc.stdout.split())
+    for code, meaning in EXIT_CODES:
+        assert f"{code} {' '.join(meaning.split()[:3])}" in text, (code, text)
+
+
+# -- rtanon live: devices ---------------------------------------------------------------------------
+
+def _device_count(env) -> int | None:
+    probe = subprocess.run([sys.executable, "-c", "import sounddevice as sd; print(len(sd.query_devices()))"],
+                           capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+    return int(probe.stdout) if probe.returncode == 0 and probe.stdout.strip().isdigit() else None
+
+
+@pytest.mark.parametrize("args", [[], ["--input", "0"], ["--input", "99"], ["--input", "pulse:foo"]])
+def test_live_without_any_sound_device(args):
+    count = _device_count(NO_PULSE)
+    if count is None:
+        pytest.skip("PortAudio (libportaudio2) is not installed")
+    if count:
+        pytest.skip(f"this machine has {count} sound devices even without a sound server")
+    _one_line_error(_rtanon("live", "--method", "mcadams", "--duration", "1", *args, env=NO_PULSE),
+                    contains="no audio device")
+
+
+@pytest.mark.pulse
+@pytest.mark.parametrize("args, contains", [
+    (["--input", "99"], "no such device"), (["--input", "pulse:foo"], "no PulseAudio source named 'foo'"),
+    (["--output", "pulse:bar"], "no PulseAudio sink named 'bar'"), (["--input", "no-such-mic"], "no-such-mic"),
+])
+def test_live_with_a_device_that_does_not_exist(args, contains):
+    if shutil.which("pulseaudio") is None or shutil.which("pactl") is None:
+        pytest.skip("needs pulseaudio and pactl (apt-get install pulseaudio pulseaudio-utils libasound2-plugins)")
+    from rtanon.pulse import PulseDaemon
+
+    with PulseDaemon() as pd:
+        if not _device_count(pd.env):
+            pytest.skip("PortAudio does not list the ALSA 'pulse' device: install libasound2-plugins")
+        proc = subprocess.run([sys.executable, "-m", "rtanon", "live", "--method", "mcadams", "--duration", "1",
+                               *args], capture_output=True, text=True, env=pd.env, timeout=120)
+    _one_line_error(proc, contains=contains)

@@ -1,0 +1,261 @@
+"""Issue 27: no silent failures, no leftovers, fail closed by content.
+
+Each test reproduces a failure the issue found: identity files that did not fit the model, a run whose
+every chunk failed reported as success, temporary files left by SIGTERM/SIGHUP, truncated WAV/OGG/MP3
+anonymized to a shorter output, and a stage that returns a copy of its input passing the raw voice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from rtanon import Anonymizer, AnonymizerConfig
+from rtanon.analysis import max_xcorr
+from rtanon.errors import RunFailed, UserError
+
+RATE = 16000
+
+
+def _rtanon(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "rtanon", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def _leftovers(directory):
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".part"))
+
+
+# -- 1. identity files validated against the model ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good_identity(tmp_path_factory):
+    from rtanon.identity.speaker import IdentityModel
+
+    path = tmp_path_factory.mktemp("ident") / "good.json"
+    IdentityModel().new_identity(rng=np.random.default_rng(3)).save(path)
+    return json.loads(path.read_text())
+
+
+def _bad_identities(good: dict) -> dict[str, dict]:
+    q = np.asarray(good["f0_quantiles_hz"])
+    return {
+        "embedding 100 values": {**good, "embedding": good["embedding"][:100]},
+        "embedding 512 values": {**good, "embedding": good["embedding"] * 2},
+        "embedding a string": {**good, "embedding": "0.1, 0.2"},
+        "embedding Infinity": {**good, "embedding": [float("inf")] + good["embedding"][1:]},
+        "embedding zeros": {**good, "embedding": [0.0] * len(good["embedding"])},
+        "quantiles at 1 MHz": {**good, "f0_quantiles_hz": list(q * 1e6 / q.max())},
+        "quantiles at 0.001 Hz": {**good, "f0_quantiles_hz": list(q * 1e-3 / q.max())},
+        "quantiles decreasing": {**good, "f0_quantiles_hz": list(q[::-1])},
+        "quantile levels reversed": {**good, "quantile_levels": good["quantile_levels"][::-1]},
+        "quantile_levels 5": {**good, "quantile_levels": 5},
+        "quantile NaN": {**good, "f0_quantiles_hz": [float("nan")] + list(q[1:])},
+        "levels and quantiles of different lengths": {**good, "quantile_levels": good["quantile_levels"][:50]},
+    }
+
+
+def test_bad_identity_files_are_refused_at_load(tmp_path, good_identity):
+    from rtanon.identity.speaker import IdentityError, PseudoSpeaker, check_fits
+
+    ok = tmp_path / "good.json"
+    ok.write_text(json.dumps(good_identity))
+    check_fits(PseudoSpeaker.load(ok), len(good_identity["embedding"]))
+    for name, body in _bad_identities(good_identity).items():
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(body))  # json writes inf/nan as Infinity/NaN, which json.loads accepts
+        try:
+            ident = PseudoSpeaker.load(path)
+        except IdentityError as exc:
+            assert isinstance(exc, UserError) and "\n" not in str(exc), name
+            continue
+        with pytest.raises(IdentityError):  # only a wrong length can load: the model refuses it
+            check_fits(ident, len(good_identity["embedding"]))
+        assert name.startswith("embedding 100") or name.startswith("embedding 512"), name
+
+
+def test_neural_file_with_an_identity_of_the_wrong_length_exits_2_in_one_line(tmp_path, good_identity, speech):
+    """The issue's silent failure: exit 0, "stage errors 75", comfort noise only."""
+    pytest.importorskip("onnxruntime")
+    src, bad, out = tmp_path / "in.wav", tmp_path / "bad.json", tmp_path / "o.wav"
+    sf.write(src, speech[: 2 * RATE], RATE)
+    bad.write_text(json.dumps({**good_identity, "embedding": good_identity["embedding"][:100]}))
+    proc = _rtanon("file", str(src), str(out), "--method", "neural", "--identity", str(bad))
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "100 values" in proc.stderr, proc.stderr
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
+class _Boom:
+    hop, latency_samples = 320, 0
+
+    def process(self, chunk):
+        raise RuntimeError("injected")
+
+    def reset(self):
+        pass
+
+
+def test_a_file_whose_every_chunk_failed_is_an_error_not_an_output(tmp_path, speech):
+    from rtanon.audio_io import anonymize_file
+
+    src, out = tmp_path / "in.wav", tmp_path / "o.wav"
+    sf.write(src, speech[: 2 * RATE], RATE)
+    session = Anonymizer(AnonymizerConfig(method="mcadams")).open_session(seed=0)
+    session.stages.insert(0, _Boom())
+    with pytest.raises(RunFailed, match="every one of the"):
+        anonymize_file(session, src, out)
+    assert not out.exists() and _leftovers(tmp_path) == []
+    assert RunFailed.exit_code == 1
+
+
+# -- 3. temporary files on every exit path -------------------------------------------------------------
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path, speech, sig, code):
+    src = tmp_path / "long.wav"
+    sf.write(src, np.tile(speech, int(np.ceil(600 * RATE / speech.shape[0])))[: 600 * RATE], RATE)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "rtanon", "file", str(src), str(outdir / "o.wav"),
+                             "--method", "mcadams"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _leftovers(outdir):  # mid-write: the temporary file exists
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("rtanon")] == [
+        f"rtanon file: {'interrupted' if sig == signal.SIGINT else 'stopped by ' + signal.Signals(sig).name}"], err
+    assert list(outdir.iterdir()) == []
+
+
+def test_sigkill_leftovers_are_swept_by_the_next_write_of_that_name(tmp_path):
+    from rtanon import atomic
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".r.json.{dead.pid}.abcd1234.part"
+    leftover.write_bytes(b"x" * 1000)
+    alive = tmp_path / f".r.json.{os.getpid()}.efgh5678.part"  # a writer still running: kept
+    alive.write_bytes(b"x")
+    atomic.write_text(tmp_path / "r.json", "{}")
+    assert _leftovers(tmp_path) == [alive.name]
+
+
+# -- 5. truncated audio --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ext", ["wav", "ogg", "mp3", "flac"])
+def test_truncated_audio_is_refused_in_one_line(tmp_path, speech, ext):
+    if ext.upper() not in sf.available_formats():
+        pytest.skip(f"this libsndfile cannot write {ext}")
+    whole, cut, out = tmp_path / f"whole.{ext}", tmp_path / f"cut.{ext}", tmp_path / "o.wav"
+    sf.write(whole, speech, RATE)
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    proc = _rtanon("file", str(cut), str(out), "--method", "mcadams")
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "truncated" in proc.stderr, proc.stderr
+    assert not out.exists() and _leftovers(tmp_path) == []
+    ok = _rtanon("file", str(whole), str(out), "--method", "mcadams")  # the complete file is fine
+    assert ok.returncode == 0, ok.stderr
+
+
+# -- 6. the fail-closed guard compares content ---------------------------------------------------------
+
+class _PassThrough:
+    """A broken method stage: hands on its input (copied, scaled, delayed by its latency, or itself)."""
+
+    def __init__(self, mode, hop=320, delay=320):
+        self.mode, self.hop, self.latency_samples = mode, hop, delay if mode == "delayed" else 0
+        self._prev = np.zeros(hop, np.float32)
+
+    def process(self, chunk):
+        if self.mode == "same":
+            return chunk
+        if self.mode == "copy":
+            return chunk.copy()
+        if self.mode == "scaled":
+            return -0.3 * chunk
+        y, self._prev = self._prev, chunk.copy()
+        return y
+
+    def reset(self):
+        self._prev[:] = 0.0
+
+
+@pytest.mark.parametrize("mode", ["same", "copy", "scaled", "delayed"])
+@pytest.mark.parametrize("allpass", [0, 4])
+def test_a_stage_that_passes_its_input_on_gives_comfort_noise(speech, mode, allpass):
+    from dataclasses import replace
+
+    config = replace(AnonymizerConfig(method="mcadams"), allpass_sections=allpass)
+    session = Anonymizer(config).open_session(seed=0)
+    stage = _PassThrough(mode)
+    session.stages[: session._method_stages] = [stage]
+    session.guard = type(session.guard)(session.chunk_samples, stage.latency_samples)
+    n = session.chunk_samples
+    x = speech[: speech.shape[0] // n * n]
+    y = np.concatenate([session.process(c) for c in x.reshape(-1, n)])
+    assert session.counters.stage_errors > 0
+    assert max_xcorr(x, y) < 0.1  # comfort noise only, never the voice
+    assert np.sqrt(np.mean(y**2)) < 0.05 * np.sqrt(np.mean(x**2))
+
+
+@pytest.mark.parametrize("method", ["mcadams", "neural"])
+def test_the_guard_does_not_fault_real_methods_on_real_speech(speech_paths, method):
+    if method == "neural":
+        pytest.importorskip("onnxruntime")
+    from rtanon.audio_io import read_audio
+
+    session = Anonymizer(AnonymizerConfig(method=method)).open_session(seed=1)
+    x = np.concatenate([read_audio(p) for p in speech_paths[:4]])
+    session.process_signal(x)
+    assert session.counters.stage_errors == 0, session.counters.last_error
+
+
+# -- 7. bench counts missed deadlines in a simulated live loop -------------------------------------------
+
+class _Slow:
+    def __init__(self, inner, delay_s):
+        self.inner, self.delay_s = inner, delay_s
+        self.hop, self.latency_samples = inner.hop, inner.latency_samples
+
+    def process(self, chunk):
+        time.sleep(self.delay_s)
+        return self.inner.process(chunk)
+
+    def reset(self):
+        self.inner.reset()
+
+
+def test_bench_live_loop_counts_missed_deadlines(speech, monkeypatch):
+    from rtanon import bench
+
+    anonymizer = Anonymizer(AnonymizerConfig(method="mcadams"))
+    original = anonymizer.open_session
+
+    def slow_session(*a, **k):
+        s = original(*a, **k)
+        s.stages[0] = _Slow(s.stages[0], 0.03)  # 30 ms of work per 20 ms chunk: behind real time
+        return s
+
+    monkeypatch.setattr(anonymizer, "open_session", slow_session)
+    r = bench.bench_live_loop(anonymizer, speech, 2.0)
+    assert r["callbacks"] == 200 and r["missed_deadlines"] > 20, r
+
+
+def test_bench_prints_the_guard_cost_and_the_live_loop():
+    proc = _rtanon("bench", "--method", "mcadams", "--seconds", "3", "--live-seconds", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "fail-closed guard" in proc.stdout and "simulated live loop" in proc.stdout
+    assert result["guard"]["compute_p50_ms"] > 0 and result["live_loop"]["callbacks"] == 100
