@@ -364,6 +364,10 @@ def _onset_lag_s(xdb, ydb, t_s: float, delay_s: float, horizon_s: float = 15.0) 
     return None if iy is None else iy / fps - ix / fps - delay_s
 
 
+def report_median(delays: list) -> float:
+    return float(np.median([d for _, d, _ in delays])) if delays else float("nan")
+
+
 def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     from rtanon.analysis import envelope_delay_s, max_xcorr
 
@@ -385,7 +389,7 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     edge = min(300.0, max(DELAY_WINDOW_S, (dur - WARMUP_S) / 5))
     first = [d for t, d in good if t < WARMUP_S + edge]
     last = [d for t, d in good if t + DELAY_WINDOW_S > dur - edge]
-    base_delay_ms = float(np.median([d for _, d in good])) if good else float("nan")
+    base_delay_ms = float(np.median([d for _, d in good])) if good else float("nan")  # fault-free windows
     drift = float(np.median(last) - np.median(first)) if first and last else float("nan")
 
     xc = []  # (window start, max xcorr)
@@ -401,7 +405,8 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     fault_free = [c for t, c in xc if clean(t, t + XCORR_WINDOW_S)]
 
     xdb, ydb = _frames_db(x), _frames_db(y)
-    d_s = base_delay_ms / 1000.0 if np.isfinite(base_delay_ms) else 0.3
+    d_ref = base_delay_ms if np.isfinite(base_delay_ms) else report_median(delays)
+    d_s = d_ref / 1000.0 if np.isfinite(d_ref) else 0.3
     baseline = [lag_s for t0 in np.arange(WARMUP_S, dur - 10.0, 7.3) if clean(t0 - 2.0, t0 + 8.0)
                 for lag_s in [_onset_lag_s(xdb, ydb, t0, d_s, 5.0)] if lag_s is not None]
     base_lag = float(np.median(baseline)) if baseline else 0.0
@@ -432,7 +437,7 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     xc_target = TARGETS["max_xcorr"].get(soak.method, 0.5)
     report = {
         "method": soak.method, "duration_s": dur, "live_exit_code": soak.live_rc,
-        "delay_ms": {"median": base_delay_ms, "first_median": float(np.median(first)) if first else None,
+        "delay_ms": {"median": base_delay_ms, "median_all": report_median(delays), "first_median": float(np.median(first)) if first else None,
                      "last_median": float(np.median(last)) if last else None, "drift": drift,
                      "edge_s": edge, "windows": [(round(t, 1), round(d, 1), ok) for t, d, ok in delays]},
         "status_delay_ms": last_status.get("delay_ms"), "status_delay_measured": last_status.get("delay_measured"),
@@ -460,20 +465,24 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     return report
 
 
+def _f(v, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
 def format_report(r: dict) -> str:
     d, c, m, xc = r["delay_ms"], r["counters"], r["rss_mb"], r["xcorr"]
     lines = [
         f"soak: method {r['method']}, {r['duration_s']:.0f} s, live exit code {r['live_exit_code']}",
-        f"end-to-end delay: median {d['median']:.1f} ms; first {d['edge_s']:.0f} s {d['first_median']} ms, "
-        f"last {d['edge_s']:.0f} s {d['last_median']} ms, drift {d['drift']:+.1f} ms "
+        f"end-to-end delay: median {d['median']:.1f} ms fault-free, {d['median_all']:.1f} ms in all windows; "
+        f"first {d['edge_s']:.0f} s {_f(d['first_median'])} ms, last {d['edge_s']:.0f} s {_f(d['last_median'])} ms, drift {d['drift']:+.1f} ms "
         f"(status line: {r['status_delay_ms']} ms, {'server-reported' if r['status_delay_measured'] else 'estimated'})",
         f"missed deadlines {c['missed_deadlines']}, xruns {(c['input_overflows'] or 0) + (c['output_underflows'] or 0)}"
         f" (in {c['input_overflows']}, out {c['output_underflows']}), stage errors {c['stage_errors']}, worker errors "
         f"{c['worker_errors']}, reopened input {c['input_reopens']} / output {c['output_reopens']} times",
-        f"resident memory: first {m['first_median']} MB, last {m['last_median']} MB, growth {m['growth']:+.1f} MB, "
-        f"max {m['max']} MB",
+        f"resident memory: first {_f(m['first_median'])} MB, last {_f(m['last_median'])} MB, growth "
+        f"{m['growth']:+.1f} MB, max {_f(m['max'])} MB",
         f"max normalised cross-correlation output vs microphone: {xc['max']:.3f} over {xc['windows']} windows "
-        f"(fault-free {xc['max_fault_free']}, during/after faults {xc['max_in_faults']})",
+        f"(fault-free {_f(xc['max_fault_free'], 3)}, during/after faults {_f(xc['max_in_faults'], 3)})",
         f"recovery after faults (onset lag minus the fault-free {r['onset_lag_fault_free_s'] * 1000:.0f} ms):",
     ]
     for f in r["faults"]:
