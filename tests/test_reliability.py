@@ -259,3 +259,17 @@ def test_bench_prints_the_guard_cost_and_the_live_loop():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "fail-closed guard" in proc.stdout and "simulated live loop" in proc.stdout
     assert result["guard"]["compute_p50_ms"] > 0 and result["live_loop"]["callbacks"] == 100
+
+
+def test_the_status_delay_is_the_servers_where_it_reports_one():
+    from types import SimpleNamespace
+
+    from rtanon.live import DelayMeter
+
+    meter = DelayMeter()
+    assert meter.device_ms() is None  # nothing reported yet: the status line says "estimated"
+    meter.on_input(SimpleNamespace(currentTime=10.030, inputBufferAdcTime=10.000))
+    meter.on_output(SimpleNamespace(currentTime=10.030, outputBufferDacTime=10.075))
+    assert meter.device_ms() == pytest.approx(75.0)
+    meter.on_output(SimpleNamespace(currentTime=0.0, outputBufferDacTime=0.0))  # a host API without timestamps
+    assert meter.device_ms() is None

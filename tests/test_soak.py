@@ -42,3 +42,4 @@ def test_a_short_soak_survives_every_fault_without_raw_voice(speech_paths, tmp_p
     assert r["xcorr"]["windows"] >= 5 and r["xcorr"]["max"] < TARGETS["max_xcorr"]["mcadams"], r["xcorr"]
     assert r["rss_mb"]["growth"] < TARGETS["rss_growth_mb"], r["rss_mb"]
     assert 0 < r["delay_ms"]["median_all"] < 1000, r["delay_ms"]
+    assert r["status_delay_measured"] is True  # PulseAudio reports its delay through PortAudio
