@@ -273,3 +273,17 @@ def test_the_status_delay_is_the_servers_where_it_reports_one():
     assert meter.device_ms() == pytest.approx(75.0)
     meter.on_output(SimpleNamespace(currentTime=0.0, outputBufferDacTime=0.0))  # a host API without timestamps
     assert meter.device_ms() is None
+
+
+def test_the_soak_analysis_would_see_raw_voice_and_measures_the_delay(speech_paths):
+    """A positive control for `rtanon soak`'s figures: an output that is the microphone 250 ms late."""
+    from rtanon.soak import Fault, SoakRun, analyze, speech_for_soak
+
+    x = speech_for_soak([str(p) for p in speech_paths])
+    x = np.resize(x, 60 * RATE)
+    y = np.concatenate((np.zeros(RATE // 4, np.float32), x))[: x.shape[0]]
+    run = SoakRun("neural", 60.0, [Fault("storm", 30.0, 3.0, 33.0)], rss=[(float(t), 100.0) for t in range(60)])
+    r = analyze(run, x, y)
+    assert r["xcorr"]["max"] > 0.95 and r["targets"]["max_xcorr<0.2"] is False
+    assert abs(r["delay_ms"]["median_all"] - 250.0) <= 2.0, r["delay_ms"]
+    assert r["rss_mb"]["growth"] == 0.0
