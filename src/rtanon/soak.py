@@ -25,7 +25,9 @@ SIGCONT). Figures (``analyze``):
 - resident memory of the live process every second, and its growth (median
   of the last 5 minutes minus median of the first 5 after start-up);
 - recovery after each fault: the time until ``live`` reports both streams
-  up again (its status every 0.1 s), and from the first speech of the microphone
+  up again (its status every 0.1 s; device faults and SIGSTOP), plus, from
+  the first clear speech after that (above -35 dBFS; a fading tail the
+  output may gate is not a test of recovery) of the microphone
   after the fault ended, plus the fault-free delay, to the first speech in the
   output; minus the same lag measured at fault-free onsets;
 - the maximum normalised cross-correlation of the output with the
@@ -55,7 +57,8 @@ FAULTS = ("cpu", "storm", "input", "output", "stop")
 FAULT_SECONDS = {"cpu": 10.0, "storm": 3.0, "input": 3.0, "output": 3.0, "stop": 1.0}
 WARMUP_S = 15.0  # start-up before the first fault (the neural method's models load first)
 TAIL_S = 10.0  # fault-free time at the end
-SPEECH_DBFS = -50.0  # 20 ms frames above this count as speech (comfort noise sits at -66 dBFS)
+SPEECH_DBFS = -50.0  # output: 20 ms frames above this are not comfort noise (which sits at -66 dBFS)
+MIC_SPEECH_DBFS = -35.0  # microphone: clear speech (so762_dev averages -25 dBFS), not a fading tail
 DELAY_WINDOW_S, XCORR_WINDOW_S, MAX_DELAY_S = 10.0, 5.0, 1.5
 #: targets of issue 27
 TARGETS = {"drift_ms": 5.0, "rss_growth_mb": 5.0, "recovery_s": 1.0,
@@ -345,9 +348,9 @@ def _frames_db(x: np.ndarray, frame: int = 320) -> np.ndarray:
     return 10.0 * np.log10(e + 1e-12)
 
 
-def _first_active(db: np.ndarray, start: int, run: int = 5) -> int | None:
-    """First 20 ms frame at or after ``start`` that begins ``run`` frames above SPEECH_DBFS."""
-    active = db > SPEECH_DBFS
+def _first_active(db: np.ndarray, start: int, run: int = 5, level_dbfs: float = SPEECH_DBFS) -> int | None:
+    """First 20 ms frame at or after ``start`` that begins ``run`` frames above ``level_dbfs``."""
+    active = db > level_dbfs
     for i in range(max(0, start), active.shape[0] - run):
         if active[i : i + run].all():
             return i
@@ -357,7 +360,7 @@ def _first_active(db: np.ndarray, start: int, run: int = 5) -> int | None:
 def _onset_lag_s(xdb, ydb, t_s: float, delay_s: float, horizon_s: float = 15.0) -> float | None:
     """From the microphone's first speech onset at or after ``t_s`` (plus ``delay_s``) to the output's."""
     fps = RATE / 320
-    ix = _first_active(xdb, int(t_s * fps))
+    ix = _first_active(xdb, int(t_s * fps), level_dbfs=MIC_SPEECH_DBFS)
     if ix is None or ix / fps > t_s + horizon_s:
         return None
     iy = _first_active(ydb, int((ix / fps + delay_s - 0.1) * fps))
@@ -413,16 +416,18 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     faults = []
     for f in soak.faults:
         end = f.end_s or f.start_s + f.duration_s
-        lag_s = _onset_lag_s(xdb, ydb, end, d_s)
+        back = None if f.name not in ("input", "output", "stop") else next(
+            (r["t_soak"] - end for r in soak.status if r["t_soak"] >= end and r.get("input_up") and r.get("output_up")),
+            None)
+        # speech while a stream is still reopening is lost: that time counts in full, then the lag from the
+        # first clear speech after it to the output's speech
+        lag_s = _onset_lag_s(xdb, ydb, end + (back or 0.0), d_s)
         before = [r for r in soak.status if r["t_soak"] <= f.start_s]
         after = [r for r in soak.status if r["t_soak"] <= end + 5.0]
         inc = {k: (after[-1][k] - before[-1][k]) if before and after else None
                for k in ("missed_deadlines", "input_overflows", "output_underflows", "stage_errors")}
         win = [c for t, c in xc if t + XCORR_WINDOW_S > f.start_s and t < end + 10.0]
-        back = None if f.name not in ("input", "output", "stop") else next(
-            (r["t_soak"] - end for r in soak.status if r["t_soak"] >= end and r.get("input_up") and r.get("output_up")),
-            None)
-        faults.append({**asdict(f), "recovery_s": None if lag_s is None else max(0.0, lag_s - base_lag),
+        faults.append({**asdict(f), "recovery_s": None if lag_s is None else (back or 0.0) + max(0.0, lag_s - base_lag),
                        "onset_lag_s": lag_s, "max_xcorr_during_and_after": max(win) if win else None,
                        "devices_up_after_s": back,
                        "counter_increase": inc})
