@@ -69,7 +69,6 @@ def run(args) -> int:
 
     for spec, kind in ((args.input, "input"), (args.output, "output")):
         resolve_device(spec, kind)  # before the models load: a missing device is a quick one-line error
-
     if not 0.05 <= args.status_interval <= 60:
         raise CliError(f"--status-interval {args.status_interval}: use 0.05 to 60 seconds")
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
