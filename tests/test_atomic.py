@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -64,10 +66,15 @@ def test_leftovers_of_a_killed_run_are_swept_for_that_name_only(tmp_path):
 
 
 def test_the_audio_writer_sweeps_a_killed_runs_leftover_and_cleans_its_own_failures(tmp_path):
-    (tmp_path / ".o.wav.k1ll3d.part").write_bytes(b"x" * 1000)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid names a writer that is gone, as after kill -9
+    (tmp_path / f".o.wav.{dead.pid}.k1ll3d.part").write_bytes(b"x" * 1000)
+    live = tmp_path / f".o.wav.{os.getpid()}.wr1t1ng.part"  # a writer still running: kept
+    live.write_bytes(b"x")
     with AudioWriter(tmp_path / "o.wav") as w:
         w.write(np.zeros(1600, np.float32))
-    assert (tmp_path / "o.wav").stat().st_size > 3200 and _leftovers(tmp_path) == []
+    assert (tmp_path / "o.wav").stat().st_size > 3200 and _leftovers(tmp_path) == [live.name]
+    live.unlink()
     with pytest.raises(ValueError):
         with AudioWriter(tmp_path / "p.wav") as w:
             w.write(np.zeros(1600, np.float32))

@@ -77,7 +77,10 @@ def test_cllr_known_values(rng):
     d = 2.0
     tar = rng.normal(d, 1, 20000)
     non = rng.normal(0, 1, 20000)
-    llr = lambda s: d * s - d * d / 2  # exact log LR of N(d,1) vs N(0,1)
+
+    def llr(s):
+        return d * s - d * d / 2  # exact log LR of N(d,1) vs N(0,1)
+
     c = metrics.cllr(llr(tar), llr(non))
     assert c == pytest.approx(metrics.min_cllr(tar, non), abs=0.02)
     # a miscalibrated shift costs extra

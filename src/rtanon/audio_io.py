@@ -22,7 +22,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from rtanon.atomic import atomic_path, remove_leftovers
+from rtanon.atomic import atomic_path
 from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.errors import RunFailed, UserError
 
@@ -191,7 +191,6 @@ class AudioWriter:
         subtype = "PCM_16" if self._format in ("WAV", "FLAC") else None
         if not sf.check_format(self._format, subtype):
             raise AudioFileError(f"{self.path}: libsndfile cannot write {self._format} here")
-        remove_leftovers(directory, self.path.name)  # a run killed with SIGKILL could not
         self._stack = ExitStack()
         tmp = self._stack.enter_context(atomic_path(self.path))
         try:
