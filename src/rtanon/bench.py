@@ -179,33 +179,6 @@ def bench_stage(name: str, config: AnonymizerConfig, signal: np.ndarray) -> dict
 
 # -- end to end ------------------------------------------------------------------
 
-class _TimestampedRecorder:
-    """Records one PulseAudio source through PortAudio, keeping each block's ADC time."""
-
-    def __init__(self, source: str) -> None:
-        import os
-
-        import sounddevice as sd
-
-        os.environ["PULSE_SOURCE"] = source  # read when the stream opens
-        self.blocks: list[tuple[float, np.ndarray]] = []
-        self.stream = sd.InputStream(device="pulse", channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32",
-                                     blocksize=160, latency="low", callback=self._cb)
-
-    def _cb(self, indata, frames, time_info, status):
-        self.blocks.append((time_info.inputBufferAdcTime, indata[:, 0].copy()))
-
-    def signal(self, t0: float) -> np.ndarray:
-        """The recording placed on a common timeline starting at stream time ``t0``."""
-        end = max(t + b.shape[0] / SAMPLE_RATE_HZ for t, b in self.blocks)
-        out = np.zeros(int((end - t0) * SAMPLE_RATE_HZ) + 1, np.float32)
-        for t, b in self.blocks:
-            i = int(round((t - t0) * SAMPLE_RATE_HZ))
-            if i >= 0:
-                out[i : i + b.shape[0]] = b[: out.shape[0] - i]
-        return out
-
-
 def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0) -> dict:
     """Microphone-to-virtual-microphone latency through a private PulseAudio."""
     import os
@@ -234,8 +207,8 @@ def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0)
             for line in live.stderr:  # wait until its streams are open
                 if "running" in line:
                     break
-            mic = _TimestampedRecorder("rtanon_fake_mic.monitor")
-            anon = _TimestampedRecorder(pulse.SOURCE_NAME)
+            mic = pulse.SourceRecorder("rtanon_fake_mic.monitor")
+            anon = pulse.SourceRecorder(pulse.SOURCE_NAME)
             with mic.stream, anon.stream:
                 time.sleep(0.3)
                 subprocess.run(["paplay", "--device=rtanon_fake_mic", str(wav)], env=pd.env, check=True)
@@ -247,7 +220,7 @@ def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0)
             os.environ.clear()
             os.environ.update(saved)
     t0 = min(mic.blocks[0][0], anon.blocks[0][0])
-    x_mic, x_anon = mic.signal(t0), anon.signal(t0)
+    x_mic, x_anon = mic.timeline(t0), anon.timeline(t0)
     n = min(x_mic.shape[0], x_anon.shape[0])
     delay = envelope_delay_s(x_mic[:n], x_anon[:n])
     return {"e2e_latency_ms": 1000.0 * delay, "method": method, "chunk_ms": chunk_ms,

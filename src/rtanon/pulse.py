@@ -24,6 +24,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rtanon.constants import SAMPLE_RATE_HZ
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SINK_NAME = "rtanon_sink"
 SOURCE_NAME = "rtanon_mic"
@@ -180,3 +186,38 @@ class PulseDaemon:
     def load_null_sink(self, name: str, rate_hz: int = 48000) -> None:
         """A null sink ``name``; its monitor ``name.monitor`` works as a microphone fed by what plays into it."""
         self.pactl("load-module", "module-null-sink", f"sink_name={name}", f"rate={rate_hz}", "channels=1")
+
+
+class SourceRecorder:
+    """Records one PulseAudio source through PortAudio (16-bit, 10 ms blocks); each block is stamped
+    with the monotonic time it was captured (PortAudio's input latency subtracted), so two recorders'
+    timelines line up. Use ``with rec.stream:``; then ``timeline(t0)``."""
+
+    def __init__(self, source: str) -> None:
+        import sounddevice as sd
+
+        os.environ["PULSE_SOURCE"] = source  # read when the stream opens
+        self.blocks: list[tuple[float, np.ndarray]] = []
+        self.stream = sd.InputStream(device="pulse", channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32",
+                                     blocksize=SAMPLE_RATE_HZ // 100, latency="low", callback=self._cb)
+
+    def _cb(self, indata, frames, time_info, status) -> None:
+        import numpy as np
+
+        lag = time_info.currentTime - time_info.inputBufferAdcTime
+        lag = lag if 0.0 <= lag < 2.0 else 0.0
+        self.blocks.append((time.monotonic() - lag, (indata[:, 0] * 32767).astype(np.int16)))
+
+    def timeline(self, t0: float, n: int | None = None) -> np.ndarray:
+        """The recording as float32 on a timeline from monotonic time ``t0``, ``n`` samples long
+        (by default up to the end of the last block); gaps are zeros."""
+        import numpy as np
+
+        if n is None:
+            n = max((int(round((t - t0) * SAMPLE_RATE_HZ)) + b.shape[0] for t, b in self.blocks), default=0)
+        out = np.zeros(max(n, 0), np.float32)
+        for t, b in self.blocks:
+            i = int(round((t - t0) * SAMPLE_RATE_HZ))
+            if 0 <= i < n:
+                out[i : i + b.shape[0]] = b[: n - i] / 32767.0
+        return out

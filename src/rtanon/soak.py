@@ -106,31 +106,6 @@ def speech_for_soak(paths: list[str], gap_s: float = 0.5) -> np.ndarray:
     return np.concatenate(parts)
 
 
-class _Recorder:
-    """Records one PulseAudio source; each block stamped with the monotonic time it was captured."""
-
-    def __init__(self, source: str) -> None:
-        import sounddevice as sd
-
-        os.environ["PULSE_SOURCE"] = source  # read when the stream opens
-        self.blocks: list[tuple[float, np.ndarray]] = []
-        self.stream = sd.InputStream(device="pulse", channels=1, samplerate=RATE, dtype="float32",
-                                     blocksize=160, latency="low", callback=self._cb)
-
-    def _cb(self, indata, frames, time_info, status):
-        lag = time_info.currentTime - time_info.inputBufferAdcTime
-        lag = lag if 0.0 <= lag < 2.0 else 0.0
-        self.blocks.append((time.monotonic() - lag, (indata[:, 0] * 32767).astype(np.int16)))
-
-    def timeline(self, t0: float, n: int) -> np.ndarray:
-        out = np.zeros(n, np.float32)
-        for t, b in self.blocks:
-            i = int(round((t - t0) * RATE))
-            if 0 <= i < n:
-                out[i : i + b.shape[0]] = b[: n - i] / 32767.0
-        return out
-
-
 def _rss_mb(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -199,7 +174,7 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
                 raise SoakError(f"rtanon live exited at start-up: {''.join(err_tail)[-1500:]}")
             threading.Thread(target=_pump, args=(live.stdout, lines), daemon=True).start()
             threading.Thread(target=_pump, args=(live.stderr, None, err_tail), daemon=True).start()
-            mic, anon = _Recorder(f"{FAKE_MIC}.monitor"), _Recorder(f"{ANON}.monitor")
+            mic, anon = pulse.SourceRecorder(f"{FAKE_MIC}.monitor"), pulse.SourceRecorder(f"{ANON}.monitor")
             with mic.stream, anon.stream:
                 t0 = time.monotonic()
                 threading.Thread(target=_feed, args=(feeder, speech, stop_feed), daemon=True).start()
