@@ -120,12 +120,12 @@ def test_out_may_not_be_or_contain_the_input(tmp_path, shared_data, anonymizer):
     assert tree(tmp_path) == before
 
 
-def test_out_inside_the_input_folder_leaves_the_input_as_it_was(tmp_path, shared_data, anonymizer):
+def test_out_inside_the_input_folder_is_refused_and_the_input_left_as_it_was(tmp_path, shared_data, anonymizer):
     d = make_corpus(tmp_path, shared_data, 2)
     before = tree(d)
-    result = run(anonymizer, d, d / "anon", seed=1)
-    assert result.ok and result.done == 2
-    assert {k: v for k, v in tree(d).items() if not k.startswith("anon/")} == before
+    with pytest.raises(CorpusError, match="lies inside the input directory"):
+        run(anonymizer, d, d / "anon", seed=1)
+    assert tree(d) == before and not (d / "anon").exists()
 
 
 @pytest.mark.parametrize("problem", ["missing", "not audio", "folder"])

@@ -91,11 +91,15 @@ def check_utterance_id(utt: str) -> None:
 
 
 def check_out_dir(src: KaldiDir, out: Path) -> None:
-    """``out`` may not be the input directory, nor contain it or any input file (it may lie inside it)."""
+    """``out`` may not be the input directory, lie inside it (the input corpus is never modified, not even
+    by a new folder), nor contain it or any input file."""
     out_r = out.resolve()
     data_r = src.root.resolve()
     if out_r == data_r:
         raise CorpusError(f"--out {out} is the input directory; choose a new folder")
+    if out_r.is_relative_to(data_r):
+        raise CorpusError(f"--out {out} lies inside the input directory {src.root}, which is never modified; "
+                          "choose a folder outside it")
     if data_r.is_relative_to(out_r):
         raise CorpusError(f"--out {out} contains the input directory {src.root}; choose a folder outside it")
     for utt, path in src.wav.items():
