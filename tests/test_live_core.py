@@ -11,6 +11,7 @@ import pytest
 from rtanon import Anonymizer
 from rtanon.analysis import max_xcorr
 from rtanon.live import LiveConfig, LiveCore
+from stage_doubles import SlowStage
 
 
 def _drive(core, x, block, realtime=True):
@@ -36,22 +37,7 @@ def _drive(core, x, block, realtime=True):
     return np.concatenate(out)
 
 
-class _Slow:
-    """A stage that takes ``delay_s`` per chunk: the worker falls behind."""
-
-    def __init__(self, inner, delay_s):
-        self.inner, self.delay_s = inner, delay_s
-        self.hop, self.latency_samples = inner.hop, inner.latency_samples
-
-    def process(self, chunk):
-        time.sleep(self.delay_s)
-        return self.inner.process(chunk)
-
-    def reset(self):
-        self.inner.reset()
-
-
-class _Boom(_Slow):
+class _Boom(SlowStage):
     def process(self, chunk):
         raise RuntimeError("injected failure")
 
@@ -78,7 +64,7 @@ def test_device_rates_are_resampled_both_ways(speech, rates):
 
 def test_overload_plays_comfort_noise_not_the_input(speech):
     session = Anonymizer().open_session(seed=0)
-    session.stages = [_Slow(s, 0.05) for s in session.stages]  # 50 ms per 20 ms chunk
+    session.stages = [SlowStage(s, 0.05) for s in session.stages]  # 50 ms per 20 ms chunk
     core = LiveCore(session, 16000, 16000, LiveConfig(max_queue_ms=200))
     y = _drive(core, speech, 160)
     assert session.counters.missed_deadlines > 10

@@ -20,6 +20,7 @@ import soundfile as sf
 from rtanon import Anonymizer, AnonymizerConfig
 from rtanon.analysis import max_xcorr
 from rtanon.errors import RunFailed, UserError
+from stage_doubles import SlowStage
 
 RATE = 16000
 
@@ -224,19 +225,6 @@ def test_the_guard_does_not_fault_real_methods_on_real_speech(speech_paths, meth
 
 # -- 7. bench counts missed deadlines in a simulated live loop -------------------------------------------
 
-class _Slow:
-    def __init__(self, inner, delay_s):
-        self.inner, self.delay_s = inner, delay_s
-        self.hop, self.latency_samples = inner.hop, inner.latency_samples
-
-    def process(self, chunk):
-        time.sleep(self.delay_s)
-        return self.inner.process(chunk)
-
-    def reset(self):
-        self.inner.reset()
-
-
 def test_bench_live_loop_counts_missed_deadlines(speech, monkeypatch):
     from rtanon import bench
 
@@ -245,7 +233,7 @@ def test_bench_live_loop_counts_missed_deadlines(speech, monkeypatch):
 
     def slow_session(*a, **k):
         s = original(*a, **k)
-        s.stages[0] = _Slow(s.stages[0], 0.03)  # 30 ms of work per 20 ms chunk: behind real time
+        s.stages[0] = SlowStage(s.stages[0], 0.03)  # 30 ms of work per 20 ms chunk: behind real time
         return s
 
     monkeypatch.setattr(anonymizer, "open_session", slow_session)
