@@ -313,3 +313,11 @@ def test_the_vocoder_records_the_content_encoder_of_its_shards(tmp_path, capsys)
     assert "another content encoder" in capsys.readouterr().err
 
 
+
+
+def test_evaluation_directories_are_refused_by_name_and_libri_devclean_is_not():
+    from rtanon.train.shards import looks_like_eval_dir
+
+    assert looks_like_eval_dir("so762_dev") and looks_like_eval_dir("dev-other") and looks_like_eval_dir("Test")
+    assert not looks_like_eval_dir("libri_devclean") and not looks_like_eval_dir("so762_train")
+    assert not looks_like_eval_dir("libri_clips")

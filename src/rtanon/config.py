@@ -15,6 +15,8 @@ from rtanon.errors import UserError
 
 #: Chunk sizes the engine accepts, in ms (webrtcvad works on 10 ms frames).
 ALLOWED_CHUNK_MS = (10, 20, 30, 40)
+#: The neural method's operating points (``NeuralConfig.privacy``): the packaged vocoder each one runs.
+PRIVACY_POINTS = ("balanced", "strong")
 
 
 class ConfigError(UserError, ValueError):
@@ -103,6 +105,9 @@ class NeuralConfig:
     Runtime. A session without a pinned identity draws a fresh pseudo-speaker with ``strategy``
     ("gmm", paper 003, or a paper 000 proximity: random/dense/sparse) and ``gender`` (random/f/m).
     ``pitch_method``: percentile (default), log_gaussian or minmax (paper 000 Eq. 4-7).
+    ``privacy`` picks the shipped vocoder: ``balanced`` (it also reads the input's spectral shape: easier to
+    understand, easier to link back) or ``strong`` (content encoder output alone); see
+    ``models/neural/MODEL_CARD.md`` for both points' figures.
     ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones; ``content_onnx``: another
     content encoder (the vocoder must have been trained on its output).
     ``cuda_graphs``: the torch backend's CUDA-graph replay on CUDA. ``match_loudness``: scale each 20 ms
@@ -116,6 +121,7 @@ class NeuralConfig:
     strategy: str = "gmm"
     gender: str = "random"
     pitch_method: str = "percentile"
+    privacy: str = "strong"
     vocoder_onnx: str | None = None
     vocoder_checkpoint: str | None = None
     content_onnx: str | None = None
@@ -141,6 +147,8 @@ class NeuralConfig:
                               "pass --identity)")
         if self.gender not in ("random", "f", "m"):
             raise ConfigError(f"gender {self.gender!r}; use random, f or m")
+        if self.privacy not in PRIVACY_POINTS:
+            raise ConfigError(f"privacy {self.privacy!r}; use one of {PRIVACY_POINTS}")
         if self.pitch_method not in ("percentile", "log_gaussian", "minmax"):
             raise ConfigError(f"pitch_method {self.pitch_method!r}; use percentile, log_gaussian or minmax")
         if self.vocoder_onnx and not str(self.vocoder_onnx).endswith(".onnx"):

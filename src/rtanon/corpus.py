@@ -147,15 +147,13 @@ def model_hashes(config) -> dict[str, str]:
     """sha256 of the model files the method runs (none for McAdams)."""
     if config.method != "neural":
         return {}
-    from importlib import resources
-
     from rtanon.content.stream import packaged_model_path
+    from rtanon.stages.neural import PACKAGED_CHECKPOINT, PACKAGED_ONNX, packaged_ref
 
     n = config.neural
     vocoder = n.vocoder_checkpoint if n.backend == "torch" else n.vocoder_onnx
     if vocoder is None:
-        name = "generator.pt" if n.backend == "torch" else "vocoder.onnx"
-        vocoder = resources.files("rtanon").joinpath("models", "neural", name)
+        vocoder = packaged_ref(PACKAGED_CHECKPOINT if n.backend == "torch" else PACKAGED_ONNX, n.privacy)
     out = {}
     if Path(str(vocoder)).is_file():
         out["vocoder"] = file_sha256(str(vocoder))

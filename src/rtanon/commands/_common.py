@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, AnonymizerConfig, NeuralConfig, StreamConfig
+from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, AnonymizerConfig, NeuralConfig, StreamConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -15,6 +15,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-ms", type=int, default=default.stream.chunk_ms, choices=ALLOWED_CHUNK_MS,
                    help=f"processing chunk in ms; also the buffering delay (default: {default.stream.chunk_ms})")
     n = default.neural
+    p.add_argument("--privacy", default=n.privacy, choices=PRIVACY_POINTS,
+                   help=f"neural method: which shipped vocoder (default: {n.privacy}). balanced also reads the "
+                        "input's spectral shape: easier to understand, easier for an attacker to link back; strong "
+                        "renders from the content encoder alone: harder to link, harder to understand. Figures "
+                        "of both: models/neural/MODEL_CARD.md (ignored with --vocoder)")
     p.add_argument("--backend", default=n.backend, choices=("onnxruntime", "torch", "tensorrt"),
                    help=f"neural method: what runs the vocoder (default: {n.backend}; torch needs the [neural] "
                         "extra, tensorrt an NVIDIA GPU with TensorRT)")
@@ -63,7 +68,8 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
         weights = {"vocoder_checkpoint": vocoder} if backend == "torch" else {"vocoder_onnx": vocoder}
     neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "accelerator", NeuralConfig.device),
                      cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs),
-                     content_onnx=getattr(args, "content", None), **weights)
+                     content_onnx=getattr(args, "content", None),
+                     privacy=getattr(args, "privacy", NeuralConfig.privacy), **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
                    neural=neural)
 

@@ -27,6 +27,11 @@ largest wait these imply (:func:`stage_delay_samples`): 20 ms for 20 and
 40 ms chunks, 30 ms for 10 and 30 ms chunks, so the engine's algorithmic
 latency is 40 ms with 20 ms chunks.
 
+The balanced vocoder (``input_mel_bins`` > 0) also reads each frame's log-mel
+spectrum of the input (:mod:`rtanon.neural.input_mel`), computed here by an
+:class:`InputMelStream`; its window ends 96 samples after the frame, within
+the 20 ms the units wait, so it adds no delay.
+
 The audio is the vocoder's, made from content, pitch and the pseudo-speaker:
 no input sample reaches the output. What the user sounds like is never
 stored: the session keeps only the pseudo-speaker.
@@ -47,9 +52,11 @@ from rtanon.config import ConfigError, NeuralConfig
 from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES
 from rtanon.errors import UserError
 from rtanon.neural.config import VocoderConfig
+from rtanon.neural.input_mel import InputMelStream
 from rtanon.stages.base import check_chunk
 
-PACKAGED_DIR = ("models", "neural")
+#: The packaged vocoder of each privacy point (``NeuralConfig.privacy``), in the package's data.
+PACKAGED_DIRS = {"strong": ("models", "neural"), "balanced": ("models", "neural", "balanced")}
 PACKAGED_ONNX = "vocoder.onnx"
 PACKAGED_CHECKPOINT = "generator.pt"
 #: ONNX metadata key holding the vocoder's config (JSON), written by ``rtanon.train.export``.
@@ -60,12 +67,17 @@ class VocoderMissing(UserError, FileNotFoundError):
     """No vocoder weights where they were looked for; the message says how to get some."""
 
 
+def packaged_ref(name: str, privacy: str):
+    """The package resource of the shipped vocoder file ``name`` for the privacy point ``privacy``."""
+    return resources.files("rtanon").joinpath(*PACKAGED_DIRS[privacy], name)
+
+
 @contextmanager
-def packaged_path(name: str) -> Iterator[Path]:
-    ref = resources.files("rtanon").joinpath(*PACKAGED_DIR, name)
-    with resources.as_file(ref) as p:
+def packaged_path(name: str, privacy: str = "strong") -> Iterator[Path]:
+    with resources.as_file(packaged_ref(name, privacy)) as p:
         if not p.exists():
-            raise VocoderMissing(f"this rtanon has no trained neural vocoder ({'/'.join((*PACKAGED_DIR, name))} is "
+            where = "/".join((*PACKAGED_DIRS[privacy], name))
+            raise VocoderMissing(f"this rtanon has no trained neural vocoder for --privacy {privacy} ({where} is "
                                  "missing): use --method mcadams, or train one with `rtanon train vocoder`")
         yield p
 
@@ -108,7 +120,7 @@ class NeuralVoiceModel:
             if cfg.vocoder_checkpoint:
                 model = load_generator(cfg.vocoder_checkpoint, device)
             else:
-                with packaged_path(PACKAGED_CHECKPOINT) as p:
+                with packaged_path(PACKAGED_CHECKPOINT, cfg.privacy) as p:
                     model = load_generator(p, device)
             self.vocoder_config = model.config
             self.backend = make_backend("torch", model=model, device=device, threads=cfg.threads,
@@ -120,7 +132,7 @@ class NeuralVoiceModel:
                     raise VocoderMissing(f"{onnx_path}: no such vocoder graph")
                 self._build_onnx(onnx_path)
             else:
-                with packaged_path(PACKAGED_ONNX) as p:
+                with packaged_path(PACKAGED_ONNX, cfg.privacy) as p:
                     self._build_onnx(p)
         if cfg.content_onnx and not Path(cfg.content_onnx).exists():
             raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
@@ -181,6 +193,8 @@ class NeuralVoiceStage:
         self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
+        mel_bins = model.vocoder_config.input_mel_bins
+        self.input_mel = InputMelStream(mel_bins) if mel_bins else None
         self._delay = stage_delay_samples(hop, self.f0.latency_frames, model.content.lookahead_frames)
         self._match = model.config.match_loudness
         self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))
@@ -203,6 +217,9 @@ class NeuralVoiceStage:
         self.pitch.reset()
         self.vocoder.reset()
         self._units = np.zeros((0, self.content.model.output_dim), np.float32)
+        if self.input_mel is not None:
+            self.input_mel.reset()
+            self._mel = np.zeros((0, self.input_mel.bins), np.float32)
         self._f0 = np.zeros(0, np.float32)
         self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
         self._out = np.zeros(self._delay, np.float32)
@@ -242,10 +259,16 @@ class NeuralVoiceStage:
             self._f0 = np.concatenate([self._f0, *[m.astype(np.float32) for m in mapped]])
         if units.shape[0]:
             self._units = np.concatenate([self._units, units])
-        t2 = time.perf_counter_ns()
         n = min(self._units.shape[0], self._f0.shape[0] // 2)
+        content = self._units[:n]
+        if self.input_mel is not None:  # its frames need 96 samples of lookahead, the units 320: never fewer
+            self._mel = np.concatenate([self._mel, self.input_mel.process(chunk)])
+            n = min(n, self._mel.shape[0])
+            content = np.concatenate([self._units[:n], self._mel[:n]], axis=1)
+            self._mel = self._mel[n:]
+        t2 = time.perf_counter_ns()
         if n:
-            audio = self.vocoder.process(self._units[:n], self._f0[:2 * n])
+            audio = self.vocoder.process(content, self._f0[:2 * n])
             self._units, self._f0 = self._units[n:], self._f0[2 * n:]
             if self._match:
                 audio = self._scale(audio, n)

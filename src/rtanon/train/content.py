@@ -38,7 +38,8 @@ from rtanon.atomic import atomic_open
 from rtanon.constants import FRAME_SAMPLES
 from rtanon.train.teacher import (TEACHER_DIM, CorpusCache, assign_units, build_cache,
                                      fit_units)
-from rtanon.train.content_config import ContentModelConfig, mel_filterbank
+from rtanon.neural.input_mel import mel_filterbank
+from rtanon.train.content_config import ContentModelConfig
 
 log = logging.getLogger("rtanon.train.content")
 

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from rtanon.constants import SAMPLE_RATE_HZ
-
 WIN_SAMPLES = 400  # 25 ms analysis window
 N_FFT = 512
 
@@ -62,27 +58,3 @@ class ContentModelConfig:
         d = dict(d)
         d["dilations"] = tuple(d.get("dilations", ()))
         return cls(**d)
-
-
-def mel_filterbank(n_mels: int, n_fft: int = N_FFT, sr: int = SAMPLE_RATE_HZ, warp: float = 1.0,
-                   fmin: float = 0.0, fmax: float = 8000.0) -> np.ndarray:
-    """Slaney-style triangular mel filters, (n_mels, n_fft//2+1) float32.
-
-    ``warp`` != 1 scales the frequency axis of the input (vocal-tract-length
-    perturbation): the filter for frequency f reads the spectrum at f * warp.
-    """
-    def hz2mel(f):
-        return 2595.0 * np.log10(1.0 + np.asarray(f) / 700.0)
-
-    def mel2hz(m):
-        return 700.0 * (10.0 ** (np.asarray(m) / 2595.0) - 1.0)
-
-    freqs = np.linspace(0, sr / 2, n_fft // 2 + 1) / warp
-    edges = mel2hz(np.linspace(hz2mel(fmin), hz2mel(fmax), n_mels + 2))
-    fb = np.zeros((n_mels, len(freqs)), dtype=np.float64)
-    for m in range(n_mels):
-        lo, c, hi = edges[m], edges[m + 1], edges[m + 2]
-        up = (freqs - lo) / (c - lo)
-        down = (hi - freqs) / (hi - c)
-        fb[m] = np.maximum(0.0, np.minimum(up, down)) * (2.0 / (hi - lo))
-    return fb.astype(np.float32)

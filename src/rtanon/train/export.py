@@ -8,6 +8,8 @@ and their configuration in the graph's metadata.
 - :func:`export_vocoder_onnx`: the vocoder's streaming step. Inputs ``units, f0_hz, speaker, noise,
   state_c*``, outputs ``audio, new_state_c*``; batch and frame count dynamic. Metadata key
   ``rtanon_vocoder_config``. ``rtanon train vocoder`` calls it at the end of every run.
+- :func:`package_vocoder`: a trained generator as the package ships it (float16 weights and the graph
+  exported from them). From the command line: ``rtanon lab package-vocoder``.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def export_vocoder_onnx(model, path: str | Path, frames: int = 1, opset: int = 1
     m = model.folded().cpu()
     cfg = m.config
     b = 1
-    args = (torch.zeros(b, frames, cfg.units_dim), torch.full((b, 2 * frames), 120.0),
+    args = (torch.zeros(b, frames, cfg.input_width), torch.full((b, 2 * frames), 120.0),
             torch.zeros(b, cfg.speaker_dim), torch.zeros(b, FRAME_SAMPLES * frames), *m.init_state(b))
     names = state_names(m)
     inputs = ["units", "f0_hz", "speaker", "noise", *names]
@@ -91,6 +93,41 @@ def export_vocoder_onnx(model, path: str | Path, frames: int = 1, opset: int = 1
                           dynamic_axes=dyn, opset_version=opset, dynamo=False, do_constant_folding=True)
     _set_metadata(path, {"rtanon_vocoder_config": json.dumps(asdict(cfg))})
     return path
+
+
+def package_vocoder(checkpoint: str | Path, out_dir: str | Path) -> tuple[Path, Path]:
+    """A trained ``generator.pt`` as the package ships it, in ``out_dir``: ``generator.pt`` with its weights
+    stored in float16 (half the bytes: the repository's weights budget) and ``vocoder.onnx`` exported from
+    exactly those weights, so the torch and ONNX backends run the same model. Returns both paths."""
+    import torch
+
+    from rtanon.neural.vocoder import load_generator
+
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    half = {k: v.half() if v.is_floating_point() else v for k, v in ckpt["generator"].items()}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pt = out_dir / "generator.pt"
+    with atomic_open(pt) as f:
+        torch.save({**ckpt, "generator": half}, f)
+    return pt, export_vocoder_onnx(load_generator(pt), out_dir / "vocoder.onnx")
+
+
+def main_package_vocoder(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``rtanon lab package-vocoder CKPT DIR``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=prog, description="Write a trained vocoder as the package ships it: "
+                                 "DIR/generator.pt (float16 weights) and DIR/vocoder.onnx exported from those "
+                                 "weights. The balanced point's files were made so: rtanon lab package-vocoder "
+                                 "runs/vBal/checkpoints/generator_stepN.pt src/rtanon/models/neural/balanced")
+    ap.add_argument("checkpoint", type=Path, help="a generator.pt of `rtanon train vocoder` (or one of its "
+                                                  "checkpoints/)")
+    ap.add_argument("out_dir", type=Path, help="folder to write generator.pt and vocoder.onnx to")
+    args = ap.parse_args(argv)
+    for path in package_vocoder(args.checkpoint, args.out_dir):
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

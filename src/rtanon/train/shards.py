@@ -28,7 +28,8 @@ convention: ``sp0.9-<spk>``), with its own embedding, and its F0 and units are
 extracted from the perturbed audio, so they stay aligned.
 
 Development evaluation data must never be trained on: a directory whose name
-contains ``dev`` or ``test`` is refused unless ``allow_eval_dirs`` is set.
+has the word ``dev``, ``test`` or ``eval`` (:func:`looks_like_eval_dir`) is refused unless
+``allow_eval_dirs`` is set.
 
 Shard directory layout (written by :class:`ShardWriter`, read by :class:`ShardDataset`)::
 
@@ -289,6 +290,14 @@ def _aligned(units: np.ndarray, f0: np.ndarray, audio: np.ndarray) -> tuple[np.n
     return units[:t], f0[:2 * t], audio[:FRAME_SAMPLES * t]
 
 
+def looks_like_eval_dir(name: str) -> bool:
+    """Whether a data directory's name marks it as evaluation data: a word ``dev``, ``test`` or ``eval`` in
+    it (``so762_dev``, ``dev-other``), not a longer word (``libri_devclean`` is training data here)."""
+    import re
+
+    return any(w in ("dev", "test", "eval") for w in re.split(r"[^a-z0-9]+", name.lower()))
+
+
 def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: Extractors, units_dim: int, *,
                  augmentations: tuple[Augmentation, ...] = (), max_shard_mib: float = 16.0,
                  speakers: set[str] | None = None, min_frames: int = 10, allow_eval_dirs: bool = False,
@@ -304,7 +313,7 @@ def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: E
     dirs = [KaldiDir.load(d) for d in data_dirs]
     for d in dirs:
         name = d.root.resolve().name.lower()
-        if not allow_eval_dirs and ("dev" in name or "test" in name):
+        if not allow_eval_dirs and looks_like_eval_dir(name):
             raise ValueError(f"{d.root} looks like evaluation data; never train on it (so762_dev is for "
                              "evaluation only). Pass allow_eval_dirs=True only for a deliberate exception.")
     writer = ShardWriter(out_dir, units_dim, max_shard_mib, content_sha256=extractors.content_sha256)

@@ -95,10 +95,35 @@ def _torch_save(obj, path: Path) -> None:
         torch.save(obj, f)
 
 
+#: training's vocal-tract-length perturbation of the input log-mel: warp factors in [1 / MAX_WARP, MAX_WARP]
+MAX_WARP = 1.22
+#: training's random spectral tilt of the input log-mel: up to this many natural-log units from 0 to 8 kHz
+#: (about +-8.7 dB)
+MAX_TILT = 1.0
+
+
+def perturbed_log_mel(audio: np.ndarray, bins: int, frames: int, rng: np.random.Generator) -> np.ndarray:
+    """The balanced vocoder's input log-mel in training (NANSY-style information perturbation, Choi et al.
+    2021): :func:`rtanon.neural.input_mel.log_mel_frames` of each row of ``audio`` ``(B, N)`` read through
+    its own randomly warped filterbank (frequency f read at f * warp, warp log-uniform in [1 / MAX_WARP,
+    MAX_WARP]) plus a random tilt (uniform in +-MAX_TILT from the lowest band to the highest) ->
+    ``(B, frames, bins)``. The target stays the speaker's own audio, so the voice must come from the
+    speaker embedding."""
+    from rtanon.neural.input_mel import frame_power, log_mel, mel_filterbank
+
+    power = frame_power(audio, frames)
+    warps = np.exp(rng.uniform(-np.log(MAX_WARP), np.log(MAX_WARP), size=audio.shape[0]))
+    tilts = rng.uniform(-MAX_TILT, MAX_TILT, size=audio.shape[0])
+    ramp = np.linspace(-0.5, 0.5, bins, dtype=np.float32)
+    return np.stack([log_mel(p, mel_filterbank(bins, warp=float(w))) + np.float32(t) * ramp
+                     for p, w, t in zip(power, warps, tilts)])
+
+
 def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
     """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may have fewer
-    pre-net convolutions: the missing ones start at zero (weight-norm gain 0), so the new model computes
-    what the old one did and training then grows them. Every other weight must match in shape."""
+    pre-net convolutions or no input log-mel convolution (``input_mel_bins``): the missing ones start at
+    zero (weight-norm gain 0), so the new model computes what the old one did and training then grows them.
+    Every other weight must match in shape."""
     import torch
 
     from rtanon.neural.vocoder import HarmonicNoiseVocoder, load_generator
@@ -109,12 +134,15 @@ def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
         missing, unexpected = model.load_state_dict(old.state_dict(), strict=False)
     except RuntimeError as exc:  # a shape mismatch
         raise ConfigError(f"{path} does not fit the vocoder config: {str(exc).splitlines()[-1].strip()}") from None
-    if unexpected or any(not k.startswith("prenet.") for k in missing):
+    if unexpected or any(not k.startswith(("prenet.", "mel_in.")) for k in missing):
         raise ConfigError(f"{path} does not fit the vocoder config: missing {missing[:4]}, unexpected "
-                          f"{unexpected[:4]}; only pre-net convolutions may be new")
+                          f"{unexpected[:4]}; only pre-net convolutions and the input log-mel convolution may be new")
+    new_convs = [(f"prenet.{i}.", conv) for i, conv in enumerate(model.prenet)]
+    if model.mel_in is not None:
+        new_convs.append(("mel_in.", model.mel_in))
     with torch.no_grad():
-        for i, conv in enumerate(model.prenet):
-            if not any(k.startswith(f"prenet.{i}.") for k in missing):
+        for prefix, conv in new_convs:
+            if not any(k.startswith(prefix) for k in missing):
                 continue  # trained in the old checkpoint: kept
             inner = conv.conv
             if torch.nn.utils.parametrize.is_parametrized(inner, "weight"):
@@ -212,9 +240,17 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     try:
         gen.train()
         disc.train()
+        input_mel = config.vocoder.input_mel_bins
         while step < end:
             rng = np.random.default_rng([config.seed, step])
-            b = data.batch(rng, config.batch_size, config.segment_frames)
+            # one frame more than trained on: the input log-mel of the last frame reads 96 samples past it
+            b = data.batch(rng, config.batch_size, config.segment_frames + (1 if input_mel else 0))
+            if input_mel:
+                s = config.segment_frames
+                b = {"units": np.concatenate([b["units"][:, :s], perturbed_log_mel(b["audio"], input_mel, s, rng)],
+                                             axis=2),
+                     "f0_hz": b["f0_hz"][:, :2 * s], "audio": b["audio"][:, :FRAME_SAMPLES * s],
+                     "speaker": b["speaker"]}
             emb = data.embeddings[b["speaker"]]
             if augment is not None:
                 emb = augment(emb, b["speaker"], data.embeddings, rng)

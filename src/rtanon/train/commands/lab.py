@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 
-#: Tool name -> (module in rtanon.train, one line of help), in the order ``rtanon lab --help`` lists them.
+#: Tool name -> (module in rtanon.train[:function, default main], one line of help), in the order
+#: ``rtanon lab --help`` lists them.
 TOOLS = {
     "export-content": ("export", "a content encoder checkpoint to the ONNX graph the run time loads"),
+    "package-vocoder": ("export:main_package_vocoder", "a trained vocoder as the package ships it (float16 "
+                                                      "generator.pt and its ONNX graph)"),
     "content-eval": ("content_eval", "the content encoder's held-out figures: teacher top-1, probe R2, "
                                      "speaker-ID"),
     "wer-paired": ("wer_paired", "per-utterance WER of a system with a fresh voice per utterance, and paired "
@@ -37,5 +40,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    module = importlib.import_module(f"rtanon.train.{TOOLS[args.tool][0]}")
-    return int(module.main(args.args, prog=f"rtanon lab {args.tool}") or 0)
+    module, _, entry = TOOLS[args.tool][0].partition(":")
+    main = getattr(importlib.import_module(f"rtanon.train.{module}"), entry or "main")
+    return int(main(args.args, prog=f"rtanon lab {args.tool}") or 0)

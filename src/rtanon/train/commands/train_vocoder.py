@@ -51,6 +51,14 @@ def register(sub) -> None:
                    help="torch weights of the content encoder that made the shards (models/content/"
                         "content_encoder.pt for the packaged one; `rtanon lab export-content --weights`), for "
                         "--content-loss")
+    p.add_argument("--input-mel", type=int, default=0, metavar="BANDS",
+                   help="give the vocoder the input's own log-mel in BANDS bands as a second content input (the "
+                        "balanced privacy point used 40), read in training through a random vocal-tract-length "
+                        "warp and tilt so that the voice must come from the speaker embedding "
+                        "(rtanon.neural.input_mel; default 0 = content from the encoder alone). Only for a new "
+                        "run or an --init without it: the convolution reading it starts at zero")
+    p.add_argument("--input-cepstra", type=int, default=16, metavar="C",
+                   help="cepstral coefficients 1..C of the input log-mel that the vocoder keeps (default 16)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"steps between checkpoints (default {d.checkpoint_every})")
     p.add_argument("--accelerator", choices=("cpu", "cuda"), help="where torch trains (default: cuda when "
@@ -92,8 +100,9 @@ def run(args) -> int:
         raise CliError(f"{shards} was not made with --content-onnx {args.content_onnx}: pass another --shards/--out "
                        "for new shards from that encoder")
     args.out.mkdir(parents=True, exist_ok=True)
+    mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
-                            content_sha256=data.content_sha256)
+                            content_sha256=data.content_sha256, **mel)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
         vocoder = load_generator(args.out / "generator.pt").config
         if vocoder.content_sha256 != data.content_sha256:
@@ -101,7 +110,7 @@ def run(args) -> int:
                            f"{shards} holds: use a new --out")
     elif args.init:
         # the content it will be trained on from now is the shards', whatever --init was trained on
-        vocoder = replace(load_generator(args.init).config, content_sha256=data.content_sha256)
+        vocoder = replace(load_generator(args.init).config, content_sha256=data.content_sha256, **mel)
         with atomic_open(args.out / "generator.pt") as f:
             torch.save(warm_start(args.init, vocoder), f)
     content_model = None
