@@ -44,9 +44,7 @@ fi
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "rtanon needs Python >= 3.11 ($py is older); set PYTHON=" >&2; exit 1; }
 [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
 extras=${RTANON_EXTRAS:-}
-# the neural method's run-time pieces (ONNX Runtime, scikit-learn) come with every set-up
-extras="neural${extras:+,$extras}"
-[ "$job" = test ] && extras="test,ui,identity,eval,train,content,f0bench,corpus${extras:+,$extras}"
+[ "$job" = test ] && extras="test,ui,identity,eval,train,f0bench,corpus${extras:+,$extras}"
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
 pip_install --upgrade pip >/dev/null
 case ",$extras," in

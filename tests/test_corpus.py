@@ -316,7 +316,7 @@ def test_the_neural_method_batches_a_workers_utterances_with_the_same_audio(tmp_
     from rtanon.config import AnonymizerConfig
     from rtanon.corpus import process_batch
 
-    pytest.importorskip("onnxruntime", reason="the neural method needs onnxruntime (the [neural] extra)")
+    pytest.importorskip("onnxruntime", reason="the neural method needs onnxruntime")
     d = KaldiDir.load(make_corpus(tmp_path, shared_data, 4))
     neural = Anonymizer(AnonymizerConfig(method="neural"))
     outs = {}

@@ -25,7 +25,7 @@ def test_gpu_actors_take_a_share_of_the_clusters_gpus_for_the_neural_method():
     assert gpus_per_worker(neural, 4, {"CPU": 8, "GPU": 2}) == 0.5
     assert gpus_per_worker(neural, 1, {"CPU": 8, "GPU": 2}) == 1.0
     assert gpus_per_worker(neural, 2, {"CPU": 8}) == 0.0
-    assert gpus_per_worker(AnonymizerConfig(), 2, {"CPU": 8, "GPU": 2}) == 0.0  # McAdams: CPU only
+    assert gpus_per_worker(AnonymizerConfig(method="mcadams"), 2, {"CPU": 8, "GPU": 2}) == 0.0  # McAdams: CPU only
     with pytest.raises(CorpusError, match="no GPU"):
         gpus_per_worker(AnonymizerConfig(method="neural", neural=NeuralConfig(device="cuda")), 2, {"CPU": 2})
 

@@ -16,7 +16,7 @@ def _rms_dbfs(x):
 
 @pytest.fixture(scope="module")
 def anonymizer():
-    return Anonymizer()
+    return Anonymizer(AnonymizerConfig(method="mcadams"))
 
 
 def test_output_has_input_length_is_finite_and_not_the_input(anonymizer, speech):
@@ -31,7 +31,7 @@ def test_output_has_input_length_is_finite_and_not_the_input(anonymizer, speech)
 @pytest.mark.parametrize("chunk_ms", [10, 20, 30, 40])
 def test_file_mode_equals_chunked_live_output_delayed(speech, chunk_ms):
     """process_signal (file mode) is the live chunk stream minus the stage delay."""
-    anonymizer = Anonymizer(AnonymizerConfig(stream=StreamConfig(chunk_ms=chunk_ms)))
+    anonymizer = Anonymizer(AnonymizerConfig(method="mcadams", stream=StreamConfig(chunk_ms=chunk_ms)))
     offline = anonymizer.open_session(seed=7).process_signal(speech)
     live = anonymizer.open_session(seed=7)
     n = live.chunk_samples
@@ -61,7 +61,7 @@ def test_fresh_voice_per_session_unless_seeded(anonymizer):
 
 
 def test_reset_keeps_the_voice(speech):
-    anonymizer = Anonymizer(AnonymizerConfig(vad=VadConfig(comfort_noise_dbfs=None)))
+    anonymizer = Anonymizer(AnonymizerConfig(method="mcadams", vad=VadConfig(comfort_noise_dbfs=None)))
     s = anonymizer.open_session(seed=11)
     first = s.process_signal(speech)
     voice = s.voice
@@ -133,7 +133,7 @@ def test_non_speech_is_replaced_by_comfort_noise(anonymizer):
 
 
 def test_silence_config_gives_exact_zeros_for_non_speech():
-    a = Anonymizer(AnonymizerConfig(vad=VadConfig(comfort_noise_dbfs=None)))
+    a = Anonymizer(AnonymizerConfig(method="mcadams", vad=VadConfig(comfort_noise_dbfs=None)))
     y = a.open_session().process_signal(np.zeros(16000, np.float32))
     assert not y.any()
 
@@ -182,5 +182,5 @@ def test_allpass_scrambles_the_waveform_and_keeps_the_spectrum(speech):
 
 
 def test_allpass_can_be_turned_off():
-    s = Anonymizer(AnonymizerConfig(allpass_sections=0)).open_session()
+    s = Anonymizer(AnonymizerConfig(method="mcadams", allpass_sections=0)).open_session()
     assert [type(st).__name__ for st in s.stages] == ["McAdamsStage"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rtanon.config import ConfigError
+from rtanon.config import AnonymizerConfig, ConfigError
 from rtanon.eval.runner import EvalConfig, default_train_data
 
 
@@ -115,7 +115,10 @@ def test_eval_config_validation_says_how_to_fix(tmp_path):
 
 def test_systems_always_include_the_baselines(tmp_path):
     cfg = EvalConfig(data=tmp_path, out=tmp_path)
-    assert list(cfg.systems()) == ["original", "mcadams"]
+    assert list(cfg.systems()) == ["original", "mcadams", "neural"]  # the default method beside both baselines
+    assert cfg.systems()["mcadams"].method == "mcadams" and cfg.systems()["neural"].method == "neural"
+    mc = EvalConfig(data=tmp_path, out=tmp_path, anonymizer=AnonymizerConfig(method="mcadams"))
+    assert list(mc.systems()) == ["original", "mcadams"]
     assert cfg.systems()["original"] is None
 
 
@@ -164,4 +167,4 @@ def test_cli_registers_eval():
     from rtanon.cli import build_parser
 
     args = build_parser().parse_args(["eval", "--data", "d", "--out", "o"])
-    assert args.command == "eval" and args.method == "mcadams" and args.jobs >= 1
+    assert args.command == "eval" and args.method == "neural" and args.privacy == "balanced" and args.jobs >= 1

@@ -1,4 +1,5 @@
-"""The shipped neural vocoder on real speech (so762_dev): what the method promises of the trained weights.
+"""The shipped neural vocoders (both privacy points) on real speech (so762_dev): what the method promises
+of the trained weights.
 
 - the output's pitch is the F0 it was asked for (the input's intonation mapped to the pseudo-speaker's
   range): the rtanon F0 tracker run on the output finds it frame by frame;
@@ -15,16 +16,16 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from rtanon.config import AnonymizerConfig  # noqa: E402
+from rtanon.config import PRIVACY_POINTS, AnonymizerConfig, NeuralConfig  # noqa: E402
 from rtanon.engine import Anonymizer  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def anonymizer():
+@pytest.fixture(scope="module", params=PRIVACY_POINTS)
+def anonymizer(request):
     from rtanon.stages.neural import VocoderMissing
 
     try:
-        return Anonymizer(AnonymizerConfig(method="neural"))
+        return Anonymizer(AnonymizerConfig(method="neural", neural=NeuralConfig(privacy=request.param)))
     except VocoderMissing as exc:
         pytest.skip(str(exc))
 

@@ -121,7 +121,7 @@ class NeuralConfig:
     strategy: str = "gmm"
     gender: str = "random"
     pitch_method: str = "percentile"
-    privacy: str = "strong"
+    privacy: str = "balanced"
     vocoder_onnx: str | None = None
     vocoder_checkpoint: str | None = None
     content_onnx: str | None = None
@@ -171,7 +171,7 @@ class AnonymizerConfig:
     """Everything an Anonymizer is built from. ``method`` is one of :data:`METHOD_NAMES` (the registry
     :data:`rtanon.methods.METHODS` builds each)."""
 
-    method: str = "mcadams"
+    method: str = "neural"
     #: random all-pass sections after the method (per session; 0 turns it off):
     #: the output waveform stops matching the input while the spectrum is kept
     allpass_sections: int = 8

@@ -83,7 +83,7 @@ def save_settings(settings: LiveSettings, path: Path | None = None) -> None:
 def describe_voice(voice: dict) -> str:
     """One short line about a session's pseudo-voice."""
     if voice.get("method") == "mcadams":
-        text = f"McAdams, coefficient {voice['alpha']:.2f}"
+        text = f"McAdams, coefficient {voice['alpha']:.3f}"
     elif voice.get("method") == "neural":
         gender = {"f": "female", "m": "male"}.get(voice.get("gender"), str(voice.get("gender", "")))
         text = f"{gender} pseudo-speaker, median F0 {voice.get('median_f0_hz', 0):.0f} Hz"

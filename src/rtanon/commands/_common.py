@@ -21,7 +21,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "renders from the content encoder alone: harder to link, harder to understand. Figures "
                         "of both: models/neural/MODEL_CARD.md (ignored with --vocoder)")
     p.add_argument("--backend", default=n.backend, choices=("onnxruntime", "torch", "tensorrt"),
-                   help=f"neural method: what runs the vocoder (default: {n.backend}; torch needs the [neural] "
+                   help=f"neural method: what runs the vocoder (default: {n.backend}; torch needs the [train] "
                         "extra, tensorrt an NVIDIA GPU with TensorRT)")
     p.add_argument("--accelerator", default=n.device, choices=("cpu", "cuda", "auto"),
                    help=f"neural method, --backend torch: where the vocoder runs (default: {n.device}; audio "

@@ -101,7 +101,8 @@ class EvalConfig:
         if self.anonymizer.method == BASELINE:
             out[BASELINE] = self.anonymizer
         else:
-            out[BASELINE] = replace(AnonymizerConfig(), stream=self.anonymizer.stream, vad=self.anonymizer.vad)
+            out[BASELINE] = replace(AnonymizerConfig(), method=BASELINE, stream=self.anonymizer.stream,
+                                    vad=self.anonymizer.vad)
             out[self.anonymizer.method] = self.anonymizer
         return out
 

@@ -1,4 +1,4 @@
-"""The neural method's vocoder at run time (the ``[neural]`` extra; torch only for its torch backend).
+"""The neural method's vocoder at run time (ONNX Runtime; torch only for its torch backend).
 
 - :mod:`rtanon.neural.config`: ``VocoderConfig``, the vocoder's shape; its defaults are the shipped model's.
 - :mod:`rtanon.neural.vocoder`: ``HarmonicNoiseVocoder`` (harmonic-plus-noise synthesis from predicted

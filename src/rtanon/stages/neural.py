@@ -259,6 +259,7 @@ class NeuralVoiceStage:
             self._f0 = np.concatenate([self._f0, *[m.astype(np.float32) for m in mapped]])
         if units.shape[0]:
             self._units = np.concatenate([self._units, units])
+        t2 = time.perf_counter_ns()  # the vocoder's part from here, the balanced point's input log-mel included
         n = min(self._units.shape[0], self._f0.shape[0] // 2)
         content = self._units[:n]
         if self.input_mel is not None:  # its frames need 96 samples of lookahead, the units 320: never fewer
@@ -266,7 +267,6 @@ class NeuralVoiceStage:
             n = min(n, self._mel.shape[0])
             content = np.concatenate([self._units[:n], self._mel[:n]], axis=1)
             self._mel = self._mel[n:]
-        t2 = time.perf_counter_ns()
         if n:
             audio = self.vocoder.process(content, self._f0[:2 * n])
             self._units, self._f0 = self._units[n:], self._f0[2 * n:]
