@@ -20,7 +20,9 @@ def register(sub) -> None:
                     "checkpoints every --checkpoint-every steps) and exports OUT/vocoder.onnx. The rest of the "
                     "recipe (batch 16 of 0.64 s segments, AdamW at 1e-3, embedding blending on 20 % of "
                     "items, MPD/MSD losses on CUDA only) is fixed: rtanon.train.vocoder_config.TrainConfig. To ship "
-                    "the result, copy OUT/generator.pt and OUT/vocoder.onnx to src/rtanon/models/neural/. "
+                    "the result, copy OUT/generator.pt and OUT/vocoder.onnx to src/rtanon/models/neural/ (the strong "
+                    "point), or write them with `rtanon lab package-vocoder OUT/generator.pt "
+                    "src/rtanon/models/neural/balanced` (the balanced point, --input-mel). "
                     "Never train on the evaluation split (so762_dev): such directories are refused.",
         epilog="the shipped model's recipe: models/neural/MODEL_CARD.md. Example (a fine-tune of the shipped "
                "weights): rtanon train vocoder --data ../shared/data/so762_train ../shared/data/libri_clips "
