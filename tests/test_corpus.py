@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rtanon.corpus import CorpusError, CorpusPlan, InProcessExecutor, check_utterance_id, run_corpus
+from rtanon.config import AnonymizerConfig
 from rtanon.engine import Anonymizer
 from rtanon.kaldi import KaldiDir, KaldiDirError
 
@@ -61,7 +62,9 @@ def tree(d: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def anonymizer():
-    return Anonymizer()
+    # McAdams: a redone utterance gives the same bytes again (the neural method batches a worker's
+    # utterances, and a rerun that regroups them may move a sample by 1 LSB; its own tests say so)
+    return Anonymizer(AnonymizerConfig(method="mcadams"))
 
 
 def run(anonymizer, data: Path, out: Path, **kw):
