@@ -73,7 +73,7 @@ def packaged_ref(name: str, privacy: str):
 
 
 @contextmanager
-def packaged_path(name: str, privacy: str = "strong") -> Iterator[Path]:
+def packaged_path(name: str, privacy: str) -> Iterator[Path]:
     with resources.as_file(packaged_ref(name, privacy)) as p:
         if not p.exists():
             where = "/".join((*PACKAGED_DIRS[privacy], name))
