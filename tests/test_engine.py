@@ -60,6 +60,27 @@ def test_fresh_voice_per_session_unless_seeded(anonymizer):
     assert all(mc.alpha_min <= a <= mc.alpha_max for a in voices)
 
 
+def test_a_new_voice_keeps_clear_of_the_one_it_replaces(anonymizer):
+    from rtanon.methods import NEW_VOICE_MIN_ALPHA_GAP, uniform_away_from
+
+    mc = anonymizer.config.mcadams
+    gap = NEW_VOICE_MIN_ALPHA_GAP * (mc.alpha_max - mc.alpha_min)
+    plain, unlike = [], []
+    for seed in range(200):
+        old = anonymizer.open_session(seed=seed)
+        a_old = old.stages[0].alpha
+        plain.append(abs(anonymizer.open_session(seed=seed + 1000).stages[0].alpha - a_old))
+        a_new = anonymizer.open_session(seed=seed + 1000, unlike=old).stages[0].alpha
+        assert mc.alpha_min <= a_new <= mc.alpha_max
+        unlike.append(abs(a_new - a_old))
+    assert min(unlike) >= gap - 1e-12
+    assert np.mean(np.array(plain) < gap) > 0.25  # without it, close voices are common
+    # uniform over what is left: a gap around the middle leaves both ends, equally likely
+    draws = np.array([uniform_away_from(np.random.default_rng(i), 0.0, 1.0, 0.5, 0.25) for i in range(2000)])
+    assert ((draws <= 0.25) | (draws >= 0.75)).all() and abs(np.mean(draws < 0.5) - 0.5) < 0.05
+    assert uniform_away_from(np.random.default_rng(0), 0.0, 1.0, 0.4, 2.0) == 1.0  # nothing left: the far end
+
+
 def test_reset_keeps_the_voice(speech):
     anonymizer = Anonymizer(AnonymizerConfig(method="mcadams", vad=VadConfig(comfort_noise_dbfs=None)))
     s = anonymizer.open_session(seed=11)

@@ -143,3 +143,17 @@ def test_the_browser_gets_the_token_through_a_private_file_not_its_command_line(
     page = folder / "open-rtanon.html"
     assert url in page.read_text()
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+
+
+def test_each_new_voice_keeps_clear_of_the_last(tmp_path):
+    from rtanon.live_control import LiveControl
+    from rtanon.methods import NEW_VOICE_MIN_ALPHA_GAP
+
+    control = LiveControl(LiveSettings(method="mcadams"), settings_file=tmp_path / "live-ui.json")
+    mc = control.anonymizer("mcadams", 20).config.mcadams
+    control.new_voice()
+    alphas = [control.session.stages[0].alpha]
+    for _ in range(30):
+        control.new_voice()
+        alphas.append(control.session.stages[0].alpha)
+    assert np.abs(np.diff(alphas)).min() >= NEW_VOICE_MIN_ALPHA_GAP * (mc.alpha_max - mc.alpha_min) - 1e-12

@@ -149,6 +149,24 @@ def test_pinned_identity_is_used(random_vocoder, model, identity):
     assert s.voice["median_f0_hz"] == round(identity.median_f0_hz, 1)
 
 
+def test_a_new_voice_is_a_pseudo_speaker_unlike_the_old_one(random_vocoder):
+    from rtanon.methods import NEW_VOICE_MAX_COSINE
+
+    cfg = replace(AnonymizerConfig(), method="neural", neural=NeuralConfig(vocoder_onnx=str(random_vocoder)))
+    anon = Anonymizer(cfg)
+    plain, unlike = [], []
+    for seed in range(30):
+        old = anon.open_session(seed=seed)
+        e_old = old.stages[0].identity.embedding
+        for out, kwargs in ((plain, {}), (unlike, {"unlike": old})):
+            e = anon.open_session(seed=seed + 1000, **kwargs).stages[0].identity.embedding
+            out.append(float(e @ e_old) / float(np.linalg.norm(e) * np.linalg.norm(e_old)))
+    assert max(unlike) <= NEW_VOICE_MAX_COSINE
+    assert np.mean(np.array(plain) > NEW_VOICE_MAX_COSINE) > 0.2  # without it, close voices are common
+    mcadams = Anonymizer(replace(cfg, method="mcadams")).open_session(seed=0)
+    assert anon.open_session(seed=3, unlike=mcadams).voice == anon.open_session(seed=3).voice  # another method's
+
+
 def test_missing_vocoder_is_a_clear_error(tmp_path):
     from rtanon.stages.neural import NeuralVoiceModel, VocoderMissing
 

@@ -110,25 +110,30 @@ class Anonymizer:
     def chunk_samples(self) -> int:
         return self.config.stream.chunk_samples
 
-    def open_session(self, seed: int | None = None, *, identity=None, profile: bool = False) -> "Session":
+    def open_session(self, seed: int | None = None, *, identity=None, unlike: "Session | None" = None,
+                     profile: bool = False) -> "Session":
         """A new stream with its own pseudo-voice. ``seed=None`` draws the voice
         from the OS random source (the default: unlinkable across sessions);
-        ``identity`` (a PseudoSpeaker, e.g. from ``rtanon identity new``) pins it."""
-        return Session(self, np.random.default_rng(seed), identity=identity, profile=profile)
+        ``identity`` (a PseudoSpeaker, e.g. from ``rtanon identity new``) pins it;
+        ``unlike`` (a session of the same method) makes the drawn voice clearly
+        differ from that session's, as a user asking for a new voice expects."""
+        return Session(self, np.random.default_rng(seed), identity=identity, unlike=unlike, profile=profile)
 
 
 class Session:
     """One anonymized stream. Not thread-safe: one worker calls ``process``."""
 
     def __init__(self, anonymizer: Anonymizer, rng: np.random.Generator, *, identity=None,
-                 profile: bool = False) -> None:
+                 unlike: "Session | None" = None, profile: bool = False) -> None:
         cfg = anonymizer.config
         self.anonymizer = anonymizer
         self.chunk_samples = cfg.stream.chunk_samples
         self._method = anonymizer.method
         self.vad = VadStage(cfg.vad, self.chunk_samples)
         self.identity = identity
-        self.stages: list[Stage] = anonymizer.method.make_stages(rng, identity)
+        same_method = unlike is not None and unlike._method.name == anonymizer.method.name
+        self.stages: list[Stage] = anonymizer.method.make_stages(
+            rng, identity, unlike=unlike.stages[:unlike._method_stages] if same_method else None)
         self._method_stages = len(self.stages)  # checked by the guard; the all-pass after them is not
         self.guard = PassThroughGuard(self.chunk_samples, sum(s.latency_samples for s in self.stages))
         if cfg.allpass_sections:

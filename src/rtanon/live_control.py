@@ -127,9 +127,13 @@ class LiveControl:
         return self._anonymizers[key]
 
     def _new_session(self, fresh: bool = False) -> Session:
+        """``fresh``: a new voice, clearly unlike the one playing (or about to)."""
         s = self.settings
         seed, identity = (None, None) if fresh else (self._seed, self._identity)
-        session = self.anonymizer(s.method, s.chunk_ms).open_session(seed=seed, identity=identity)
+        unlike = None
+        if fresh:
+            unlike = self.session if self.core is None else (self.core.next_session or self.core.session)
+        session = self.anonymizer(s.method, s.chunk_ms).open_session(seed=seed, identity=identity, unlike=unlike)
         self._seed = None  # a seed pins the first voice only; an identity file pins every one
         return session
 

@@ -2,9 +2,11 @@
 
 A method is built once per :class:`rtanon.engine.Anonymizer` (it may hold
 shared, immutable models) and makes the per-session stages with
-``make_stages(rng, identity)``: the random generator decides the session's
-voice, unless a pinned :class:`rtanon.identity.speaker.PseudoSpeaker` does.
-There is deliberately no pass-through method.
+``make_stages(rng, identity, unlike)``: the random generator decides the
+session's voice, unless a pinned :class:`rtanon.identity.speaker.PseudoSpeaker`
+does; ``unlike`` (the stages of a session of the same method) asks for a voice
+clearly different from that one, as a user's "new voice" does. There is
+deliberately no pass-through method.
 """
 
 from __future__ import annotations
@@ -22,14 +24,31 @@ from rtanon.stages import Stage
 class Method(Protocol):
     name: str
 
-    def make_stages(self, rng: np.random.Generator, identity=None) -> list[Stage]:
+    def make_stages(self, rng: np.random.Generator, identity=None, unlike: list[Stage] | None = None) -> list[Stage]:
         """Stages for one session, applied in order to 16 kHz float32 chunks.
-        ``identity`` (a PseudoSpeaker) pins the session's voice when given."""
+        ``identity`` (a PseudoSpeaker) pins the session's voice when given; otherwise a drawn
+        voice keeps clearly away from ``unlike``'s (another session's stages of this method)."""
         ...
 
     def describe_voice(self, stages: list[Stage]) -> dict:
         """What identifies the session's pseudo-voice (never the user's voice)."""
         ...
+
+
+#: A "new voice" keeps this far from the one it replaces: a quarter of McAdams' coefficient range, and
+#: for a neural pseudo-speaker at most this cosine to the old embedding (resemblyzer scale: two different
+#: speakers of the pool sit at a median 0.60, a speaker's own utterances at 0.78).
+NEW_VOICE_MIN_ALPHA_GAP = 0.25
+NEW_VOICE_MAX_COSINE = 0.6
+
+
+def uniform_away_from(rng: np.random.Generator, lo: float, hi: float, old: float, gap: float) -> float:
+    """Uniform on [lo, hi] without (old - gap, old + gap); the farther end when nothing is left."""
+    left, right = max(0.0, min(old - gap, hi) - lo), max(0.0, hi - max(old + gap, lo))
+    if left + right <= 0.0:
+        return lo if old - lo > hi - old else hi
+    u = rng.uniform(0.0, left + right)
+    return lo + u if u < left else max(old + gap, lo) + (u - left)
 
 
 def identity_seed(identity) -> int:
@@ -53,13 +72,17 @@ class McAdamsMethod:
         # compile (or load from Numba's cache) the kernels now, not in the first live chunk
         mcadams_frame(np.hanning(config.mcadams.window_ms * SAMPLE_RATE_HZ // 1000), 0.8, config.mcadams.lpc_order)
 
-    def make_stages(self, rng: np.random.Generator, identity=None) -> list[Stage]:
+    def make_stages(self, rng: np.random.Generator, identity=None, unlike: list[Stage] | None = None) -> list[Stage]:
         from rtanon.stages.mcadams import McAdamsStage
 
-        if identity is not None:
-            rng = np.random.default_rng(identity_seed(identity))
         mc = self._config.mcadams
-        alpha = rng.uniform(mc.alpha_min, mc.alpha_max)
+        if identity is not None:
+            alpha = np.random.default_rng(identity_seed(identity)).uniform(mc.alpha_min, mc.alpha_max)
+        elif unlike:
+            alpha = uniform_away_from(rng, mc.alpha_min, mc.alpha_max, unlike[0].alpha,
+                                      NEW_VOICE_MIN_ALPHA_GAP * (mc.alpha_max - mc.alpha_min))
+        else:
+            alpha = rng.uniform(mc.alpha_min, mc.alpha_max)
         return [McAdamsStage(mc, self._config.stream.chunk_samples, alpha)]
 
     def describe_voice(self, stages: list[Stage]) -> dict:
@@ -79,9 +102,10 @@ class NeuralMethod:
         self._config = config
         self.model = NeuralVoiceModel(config.neural)
 
-    def make_stages(self, rng: np.random.Generator, identity=None) -> list[Stage]:
+    def make_stages(self, rng: np.random.Generator, identity=None, unlike: list[Stage] | None = None) -> list[Stage]:
         if identity is None:
-            identity = self.model.new_identity(rng)
+            identity = self.model.new_identity(rng, unlike=unlike[0].identity.embedding if unlike else None,
+                                               max_cosine=NEW_VOICE_MAX_COSINE)
         return [self.model.open_stream(self._config.stream.chunk_samples, identity, rng)]
 
     def describe_voice(self, stages: list[Stage]) -> dict:

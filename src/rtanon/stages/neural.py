@@ -164,9 +164,14 @@ class NeuralVoiceModel:
             raw = self.backend.metadata.get(CONFIG_METADATA_KEY)
             self.vocoder_config = VocoderConfig.from_dict(json.loads(raw) if raw else {})
 
-    def new_identity(self, rng: np.random.Generator):
-        """A fresh pseudo-speaker for one session (``strategy`` and ``gender`` from the config)."""
-        return self.identities.new_identity(self.config.strategy, gender=self.config.gender, rng=rng)
+    def new_identity(self, rng: np.random.Generator, unlike: np.ndarray | None = None,
+                     max_cosine: float | None = None):
+        """A fresh pseudo-speaker for one session (``strategy`` and ``gender`` from the config); with
+        ``unlike`` (another pseudo-speaker's embedding) its cosine to that one is at most ``max_cosine``
+        (the GMM's forced dissimilarity, its θ_FD when None; the dense and sparse pool strategies
+        leave that speaker's cluster out, random ignores it)."""
+        return self.identities.new_identity(self.config.strategy, gender=self.config.gender, rng=rng,
+                                            user_embedding=unlike, theta_fd=max_cosine)
 
     def open_stream(self, hop: int, identity, rng: np.random.Generator) -> "NeuralVoiceStage":
         from rtanon.identity.speaker import check_fits
