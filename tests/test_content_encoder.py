@@ -153,7 +153,7 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     cfg = TrainConfig(data_dirs=[data], out_dir=tmp_path / "out", batch_size=2, crop_frames=50, max_steps=2,
                       warmup_steps=1, model=ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8,
                                                                n_units=100, lookahead_frames=1),
-                      teacher_weight=1.0, speed_prob=0.5, freq_masks=2, time_masks=2)
+                      teacher_weight=1.0, speed_prob=0.5, freq_masks=2, time_masks=2, speaker_adversary=0.5)
     ckpt = train_content(cfg)
     assert torch.load(ckpt, weights_only=False)["step"] == 2
     assert (tmp_path / "out" / "train.log").read_text().count("checkpoint step 2") == 1
@@ -163,6 +163,9 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     log = (tmp_path / "out" / "train.log").read_text()
     assert "resumed from" in log and '"teacher_weight": 1.0' in log
     assert torch.load(ckpt, weights_only=False)["head"]["weight"].shape == (384, 8)
+    n_spk = len(spk)  # the adversary: pooled z (mean, std) -> the training speakers; saved and resumed
+    assert torch.load(ckpt, weights_only=False)["adversary"]["2.weight"].shape == (n_spk, 256)
+    assert '"speaker_adversary": 0.5' in log
     model = load_checkpoint(ckpt)
     probs = model(torch.zeros(1, 640), *model.init_state())[0]
     assert probs.shape == (1, 2, 100)
@@ -202,7 +205,7 @@ def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
                       speed_prob=1.0, gain_db_range=(0.0, 0.0), model=ContentModelConfig())
     batches = _Batches([CorpusCache.load(root)], 128, cfg, np.random.default_rng(0),
                        teacher_norm=(np.zeros(4, np.float32), np.ones(4, np.float32)))
-    audio, units, _, teacher = batches()
+    audio, units, _, teacher, speakers = batches()
     for b in range(4):
         valid = units[b] >= 0
         assert valid.sum() >= 145  # the crop is (nearly) filled
@@ -212,6 +215,17 @@ def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
         assert set(np.unique(steps)) <= {0.0, 1.0, 2.0} and abs(steps.mean() - factor) < 0.02
         mid = audio[b, : valid.sum() * 320].reshape(-1, 320)[:, 100:220].mean(1) * 200.0
         assert np.abs(mid[5:-5] - src[5:-5]).max() < 1.0
+
+
+def test_speaker_adversary_gradient_is_reversed():
+    torch = pytest.importorskip("torch")
+    from rtanon.train.content import _reverse_gradient
+
+    x = torch.randn(3, 4, requires_grad=True)
+    y = _reverse_gradient(x)
+    assert torch.equal(y, x)
+    (2.0 * y).sum().backward()
+    assert torch.equal(x.grad, torch.full((3, 4), -2.0))
 
 
 def test_lookahead_graph_is_read_shifted(tmp_path, utterance):
