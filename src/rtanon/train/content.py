@@ -16,10 +16,6 @@ Steps, each resumable (finished work is found on disk and skipped):
    also regresses the standardised teacher features (L1), so z keeps more of
    the teacher's phonetic detail than the K units alone;
    the head is training-only (saved in the checkpoint, never exported).
-   With ``speaker_adversary`` > 0 a speaker classifier reads z's mean and
-   standard deviation over each crop through a gradient reversal (Ganin and
-   Lempitsky 2015): it learns the training speakers, and z learns to hide
-   them (training-only as well).
    ``init`` warm-starts the network from an earlier checkpoint. Checkpoints
    (``ckpt.pt``) every ``checkpoint_every_s`` and at the end; a rerun
    resumes from it. Seeds are fixed; the log goes to ``<out>/train.log``.
@@ -78,7 +74,6 @@ class TrainConfig:
     freq_mask_max: int = 10
     time_mask_max: int = 10
     init: Path | None = None  # warm start: network weights from this checkpoint (not its optimiser)
-    speaker_adversary: float = 0.0  # weight of the speaker classifier on z behind gradient reversal
 
     def validate(self) -> None:
         if not self.data_dirs:
@@ -101,8 +96,6 @@ class TrainConfig:
                              "1..crop_frames (10 ms frames)")
         if self.teacher_weight < 0:
             raise ValueError("teacher_weight must be >= 0 (0 = units only)")
-        if self.speaker_adversary < 0:
-            raise ValueError("speaker_adversary must be >= 0 (0 = no speaker adversary)")
         if self.init is not None and not Path(self.init).exists():
             raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()
@@ -122,8 +115,8 @@ def _speed_ratio(factor: float) -> tuple[int, int]:
 
 class _Batches:
     """Random aligned crops: audio (B, n*320) float32, units (B, n) int64 (-100 = padding),
-    VTLP filterbanks (B, n_mels, 257), with ``teacher_weight`` > 0 standardised teacher
-    features (B, n, 384) float32 (else None), and each crop's speaker index (B,) int64.
+    VTLP filterbanks (B, n_mels, 257) and, with ``teacher_weight`` > 0, standardised teacher
+    features (B, n, 384) float32.
 
     Speed perturbation by factor f reads about ``n * f`` frames of the source, resamples
     their audio to ``n`` frames' length (pitch and formants move with it) and takes every
@@ -138,8 +131,6 @@ class _Batches:
         self.teacher = [c.teacher(mmap=True) for c in caches] if teacher_norm is not None else None
         self.teacher_norm = teacher_norm
         self.caches = caches
-        names = sorted({(ci, spk) for ci, c in enumerate(caches) for spk in c.spk})
-        self.speaker_index = {name: i for i, name in enumerate(names)}  # per corpus: ids may repeat across them
         weights = []
         for ci, c in enumerate(caches):
             for ui in range(len(c.utts)):
@@ -161,11 +152,9 @@ class _Batches:
         units = np.full((B, n), -100, dtype=np.int64)
         teacher = np.zeros((B, n, self.teacher[0].shape[1]), dtype=np.float32) if self.teacher else None
         fb_idx = np.zeros(B, dtype=np.int64)
-        speakers = np.zeros(B, dtype=np.int64)
         for b, j in enumerate(rng.choice(len(self.items), size=B, p=self.p)):
             ci, ui = self.items[j]
             c = self.caches[ci]
-            speakers[b] = self.speaker_index[(ci, c.spk[ui])]
             nf = int(c.frame_len[ui])
             factor = self.speed_factor()
             up, down = _speed_ratio(factor)
@@ -185,7 +174,7 @@ class _Batches:
                 mean, std = self.teacher_norm
                 teacher[b, :m] = (np.asarray(self.teacher[ci][src], dtype=np.float32) - mean) / std
             fb_idx[b] = self.pick_warp()
-        return audio, units, self.fbs[fb_idx], teacher, speakers
+        return audio, units, self.fbs[fb_idx], teacher
 
     def speed_factor(self) -> float:
         if self.cfg.speed_prob > 0 and self.rng.random() < self.cfg.speed_prob:
@@ -275,26 +264,19 @@ def train_content(cfg: TrainConfig) -> Path:
     log.info("teacher cache and units ready (%.0f s)", time.time() - t_prep)
 
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
     model = ContentEncoder(cfg.model)
     # training-only head: z -> standardised teacher features (paper 002's units keep only the argmax)
     head = torch.nn.Linear(cfg.model.unit_dim, TEACHER_DIM) if cfg.teacher_weight else None
-    batches = _Batches(caches, k, cfg, rng, teacher_norm=(km["mean"], km["std"]) if head is not None else None)
-    adversary = None
-    if cfg.speaker_adversary:  # training-only: pooled z -> the crop's speaker, behind gradient reversal
-        adversary = torch.nn.Sequential(torch.nn.Linear(2 * cfg.model.unit_dim, 256), torch.nn.ReLU(),
-                                        torch.nn.Linear(256, len(batches.speaker_index)))
-    params = [p for m in (model, head, adversary) if m is not None for p in m.parameters()]
+    params = [p for m in (model, head) if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt_path = out / "ckpt.pt"
     step, train_s = 0, 0.0
+    rng = np.random.default_rng(cfg.seed)
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         model.load_state_dict(ck["model"])
         if head is not None:
             head.load_state_dict(ck["head"])
-        if adversary is not None:
-            adversary.load_state_dict(ck["adversary"])
         opt.load_state_dict(ck["opt"])
         step, train_s = ck["step"], ck["train_s"]
         rng.bit_generator.state = ck["np_rng"]
@@ -307,6 +289,7 @@ def train_content(cfg: TrainConfig) -> Path:
         mean, std = _feature_stats(model, caches, rng)
         model.feat_mean.copy_(mean)
         model.feat_std.copy_(std)
+    batches = _Batches(caches, k, cfg, rng, teacher_norm=(km["mean"], km["std"]) if head is not None else None)
     log.info("model: %d parameters; %d training crops sources", sum(p.numel() for p in model.parameters()),
              len(batches.items))
 
@@ -315,20 +298,19 @@ def train_content(cfg: TrainConfig) -> Path:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_s": train_s,
                         "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                         "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz"),
-                        "head": head.state_dict() if head is not None else None,
-                        "adversary": adversary.state_dict() if adversary is not None else None}, f)
+                        "head": head.state_dict() if head is not None else None}, f)
         log.info("checkpoint step %d (%.1f min trained)", step, train_s / 60)
 
     run_start = time.time()
     last_ckpt = time.time()
-    acc_ema, loss_ema, reg_ema, adv_ema = None, None, None, None
+    acc_ema, loss_ema, reg_ema = None, None, None
     model.train()
     while step < cfg.max_steps and (time.time() - run_start) < cfg.max_minutes * 60:
         t0 = time.time()
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.max_steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        audio, units, fbs, teacher, speakers = batches()
+        audio, units, fbs, teacher = batches()
         audio_t, units_t = torch.from_numpy(audio), torch.from_numpy(units)
         state = model.init_state(cfg.batch_size)
         with torch.no_grad():
@@ -348,17 +330,6 @@ def train_content(cfg: TrainConfig) -> Path:
             reg = ((head(z) - torch.from_numpy(teacher)).abs() * mask).sum() / (mask.sum() * teacher.shape[2])
             loss = loss + cfg.teacher_weight * reg
             reg_ema = reg.item() if reg_ema is None else 0.98 * reg_ema + 0.02 * reg.item()
-        if adversary is not None:
-            valid = (units_t >= 0)[..., None].float()
-            n_valid = valid.sum(1).clamp(min=1.0)
-            zr = _reverse_gradient(z)
-            mean = (zr * valid).sum(1) / n_valid
-            std = ((((zr - mean[:, None]) ** 2) * valid).sum(1) / n_valid + 1e-5).sqrt()
-            spk_logits = adversary(torch.cat([mean, std], dim=1))
-            loss = loss + cfg.speaker_adversary * torch.nn.functional.cross_entropy(
-                spk_logits, torch.from_numpy(speakers))
-            adv_acc = (spk_logits.argmax(1).numpy() == speakers).mean()
-            adv_ema = adv_acc if adv_ema is None else 0.98 * adv_ema + 0.02 * adv_acc
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 5.0)
@@ -373,31 +344,13 @@ def train_content(cfg: TrainConfig) -> Path:
         if step % 20 == 0:
             log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s %.2f s/step",
                      step, lr, ce.item(), loss_ema, acc, acc_ema,
-                     (f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "")
-                     + (f" adversary speaker-acc (ema) {adv_ema:.3f}" if adv_ema is not None else ""),
-                     time.time() - t0)
+                     f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "", time.time() - t0)
         if time.time() - last_ckpt > cfg.checkpoint_every_s:
             save()
             last_ckpt = time.time()
     save()
     log.info("stopped at step %d of %d after %.1f min of training in total", step, cfg.max_steps, train_s / 60)
     return ckpt_path
-
-
-def _reverse_gradient(x):
-    """Identity forward, negated gradient backward (the adversary's loss pushes ``x`` the other way)."""
-    import torch
-
-    class _Reverse(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return -grad
-
-    return _Reverse.apply(x)
 
 
 def load_checkpoint(path: Path):

@@ -50,9 +50,6 @@ def register(sub) -> None:
     p.add_argument("--time-masks", type=int, default=d.time_masks, metavar="N",
                    help=f"SpecAugment: time masks of up to {d.time_mask_max} log-mel frames (10 ms) per crop "
                         f"(default {d.time_masks})")
-    p.add_argument("--speaker-adversary", type=float, default=d.speaker_adversary, metavar="W",
-                   help="weight of a speaker classifier on z behind gradient reversal: z learns to hide the "
-                        f"training speakers (default {d.speaker_adversary}: off)")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"total steps (default {d.max_steps})")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
                    help=f"stop this run (with a checkpoint) after this many minutes (default {d.max_minutes})")
@@ -73,8 +70,7 @@ def run(args) -> int:
                                     cmn_frames=args.cmn_frames),
                       max_steps=args.max_steps, max_minutes=args.max_minutes, threads=args.threads,
                       teacher_weight=args.teacher_weight, speed_prob=args.speed_prob,
-                      freq_masks=args.freq_masks, time_masks=args.time_masks,
-                      speaker_adversary=args.speaker_adversary)
+                      freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()
     except ValueError as exc:
