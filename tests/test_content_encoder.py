@@ -214,9 +214,9 @@ def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
         assert np.abs(mid[5:-5] - src[5:-5]).max() < 1.0
 
 
-@pytest.mark.parametrize("la", [1, 5])
+@pytest.mark.parametrize("la", [1, 2])
 def test_lookahead_graph_is_read_shifted(tmp_path, utterance, la):
-    """A graph exported with lookahead_frames = L (20 and 100 ms): its readers give frame t the network's
+    """A graph exported with lookahead_frames = L (20 and 40 ms): its readers give frame t the network's
     output t + L, offline (the utterance padded with L silent frames) and streamed alike."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnx")

@@ -41,8 +41,8 @@ class ContentModelConfig:
             raise ValueError(f"gru_units={self.gru_units}: use 0 (no GRU) or the GRU width")
         if any(int(d) < 1 for d in self.dilations):
             raise ValueError(f"dilations={self.dilations}: every dilation must be >= 1")
-        if not 0 <= self.lookahead_frames <= 5:
-            raise ValueError(f"lookahead_frames={self.lookahead_frames}: use 0 to 5 (20 ms each, up to 100 ms)")
+        if not 0 <= self.lookahead_frames <= 2:
+            raise ValueError(f"lookahead_frames={self.lookahead_frames}: use 0, 1 or 2 (20 ms each)")
         if self.cmn_frames != 0 and not 2 <= self.cmn_frames <= 1000:
             raise ValueError(f"cmn_frames={self.cmn_frames}: use 0 (off) or 2..1000 frames of 10 ms")
         if not 0.0 < self.temperature <= 10.0:
