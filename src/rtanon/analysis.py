@@ -16,9 +16,15 @@ from scipy.signal import correlate
 from rtanon.constants import SAMPLE_RATE_HZ
 
 
+#: Below this RMS (-100 dBFS, under a 16-bit step) a stretch of ``b`` is inaudible and scores 0 in
+#: :func:`max_xcorr`: there the FFT's rounding error, divided by a near-zero energy, would score far above 1.
+MIN_COPY_RMS = 1e-5
+
+
 def max_xcorr(a: np.ndarray, b: np.ndarray) -> float:
     """max over lags of |<a, b shifted>| / (|a| |b shifted|), using the local
-    energy of ``b`` under ``a`` so a quiet copy still scores 1."""
+    energy of ``b`` under ``a`` so a quiet copy still scores 1 (down to
+    :data:`MIN_COPY_RMS`; inaudible stretches score 0)."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     if a.shape[0] > b.shape[0]:
@@ -28,8 +34,11 @@ def max_xcorr(a: np.ndarray, b: np.ndarray) -> float:
         return 0.0
     num = correlate(b, a, mode="valid", method="fft")
     energy = np.concatenate(([0.0], np.cumsum(b * b)))
-    local = np.sqrt(np.maximum(energy[a.shape[0]:] - energy[: -a.shape[0]], 1e-20))
-    return float(np.max(np.abs(num) / (na * local)))
+    local_energy = energy[a.shape[0]:] - energy[: -a.shape[0]]
+    audible = local_energy > a.shape[0] * MIN_COPY_RMS**2
+    if not audible.any():
+        return 0.0
+    return float(np.max(np.abs(num[audible]) / (na * np.sqrt(local_energy[audible]))))
 
 
 def envelope(x: np.ndarray, sample_rate_hz: int = SAMPLE_RATE_HZ, frame_ms: float = 1.0,
