@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rtanon.atomic import atomic_open
-from rtanon.constants import SAMPLE_RATE_HZ
+from rtanon.audio_io import AudioWriter, probe, read_audio
 from rtanon.errors import UserError
 from rtanon.kaldi import KaldiDir, write_map
 from rtanon.train.shards import looks_like_eval_dir
@@ -78,9 +77,7 @@ def _seed_of(key: str, seed: int) -> int:
 
 def synthesize(voice: Voice, text: str, rate: float, workdir: Path) -> np.ndarray:
     """One sentence as float32 at 16 kHz, spoken ``rate`` times faster than the voice's default."""
-    import soundfile as sf
-    import soxr
-
+    text = text.lower()  # the transcripts are upper case: read as words, not spelt out
     wav = workdir / "out.wav"
     if voice.engine == "flite":
         cmd = ["flite", "-voice", voice.name, "--setf", f"duration_stretch={1.0 / rate:.3f}", "-t", text,
@@ -91,10 +88,7 @@ def synthesize(voice: Voice, text: str, rate: float, workdir: Path) -> np.ndarra
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0 or not wav.exists():
         raise UserError(f"{voice.engine} {voice.name} failed on {text[:40]!r}: {res.stderr.strip()[:200]}")
-    x, sr = sf.read(wav, dtype="float32", always_2d=True)
-    x = x.mean(axis=1)
-    if sr != SAMPLE_RATE_HZ:
-        x = soxr.resample(x, sr, SAMPLE_RATE_HZ, quality="HQ").astype(np.float32)
+    x = read_audio(wav)
     peak = float(np.max(np.abs(x))) if len(x) else 0.0
     return x * (0.5 / peak) if peak > 0 else x  # every voice at the same peak level, -6 dBFS
 
@@ -111,8 +105,8 @@ def plan(texts: dict[str, str], voices: list[Voice], per_text: int, seed: int,
         rng = np.random.default_rng(_seed_of(key, seed))
         start = int(rng.integers(len(engines)))
         picks = [[group[int(i)] for i in rng.permutation(len(group))] for group in by_engine]
-        order = [picks[(start + e) % len(engines)][r] for r in range(max(map(len, picks)))
-                 for e in range(len(engines)) if r < len(picks[(start + e) % len(engines)])]
+        picks = picks[start:] + picks[:start]  # the engine that reads first
+        order = [group[r] for r in range(max(map(len, picks))) for group in picks if r < len(group)]
         for v in order[:per_text]:
             rate = float(np.exp(rng.uniform(-rate_jitter, rate_jitter)))
             jobs.append((f"{v.speaker}-{key}", v, texts[key], rate))
@@ -120,7 +114,6 @@ def plan(texts: dict[str, str], voices: list[Voice], per_text: int, seed: int,
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    import soundfile as sf
     from tqdm import tqdm
 
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
@@ -145,7 +138,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         kd = KaldiDir.load(d)
         if not kd.text:
             raise UserError(f"{d}: has no `text` file to read")
-        texts.update({f"{d.name}-{k}": t.lower() for k, t in kd.text.items() if t.strip()})
+        texts.update({f"{d.name}-{k}": t for k, t in kd.text.items() if t.strip()})
     voices = available_voices()
     if not voices:
         raise UserError("no synthetic voice found: install flite and espeak-ng (apt-get install flite espeak-ng)")
@@ -162,14 +155,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     def one(job) -> float:
         utt, voice, text, rate = job
         path = out / "wav" / voice.speaker / f"{utt}.flac"
-        if path.exists():  # resumable: files are written whole (rename) and deterministic
-            return sf.info(path).duration
+        if path.exists():  # resumable: files are written whole (AudioWriter renames) and deterministic
+            return probe(path).seconds
         path.parent.mkdir(exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             x = synthesize(voice, text, rate, Path(tmp))
-        with atomic_open(path) as f:
-            sf.write(f, x, SAMPLE_RATE_HZ, format="FLAC", subtype="PCM_16")
-        return len(x) / SAMPLE_RATE_HZ
+        with AudioWriter(path) as w:
+            w.write(x)
+        return w.frames_written / w.sample_rate_hz
 
     seconds = 0.0
     with ThreadPoolExecutor(max(1, args.jobs)) as pool, tqdm(total=len(jobs), unit="utt", desc="synthesis") as bar:
@@ -178,7 +171,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             bar.update()
             bar.set_postfix(hours=f"{seconds / 3600:.2f}")
     write_map(out / "wav.scp", {u: f"wav/{v.speaker}/{u}.flac" for u, v, _, _ in jobs})
-    write_map(out / "text", {u: t.upper() for u, _, t, _ in jobs})
+    write_map(out / "text", {u: t for u, _, t, _ in jobs})
     write_map(out / "utt2spk", {u: v.speaker for u, v, _, _ in jobs})
     write_map(out / "spk2gender", {v.speaker: v.gender for _, v, _, _ in jobs})
     print(f"wrote {len(jobs)} utterances, {seconds / 3600:.2f} h, {len({v for _, v, _, _ in jobs})} speakers")
