@@ -522,8 +522,6 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     out = DeviceStream("output", out_dev, out_env, out_rate, out_rate * config.block_ms // 1000, out_cb)
     algo_ms = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
     core.start()
-    t_start = time.monotonic()
-    t_end = None if duration_s is None else t_start + duration_s
     try:
         for device in (out, inp):
             try:
@@ -531,6 +529,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
             except sd.PortAudioError as exc:
                 raise DeviceError(f"cannot open the {device.kind} device {device.device!r}: {exc}; "
                                   "`rtanon devices` lists the devices") from None
+        t_start = time.monotonic()  # the duration counts from the open streams, not the (slow) opening
+        t_end = None if duration_s is None else t_start + duration_s
         print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
               f"{1000 * inp.latency_s:.0f}+{1000 * out.latency_s:.0f} ms, voice {session.voice}; "
               "Ctrl-C stops", file=sys.stderr, flush=True)

@@ -21,7 +21,8 @@ def register(sub) -> None:
     add_device_args(p)
     add_engine_args(p)
     add_seed_arg(p)
-    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (not with --ui)")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="stop after S seconds of running, counted once the devices are open (not with --ui)")
     p.add_argument("--quiet", action="store_true", help="no status line")
     p.add_argument("--ui", action="store_true",
                    help="serve a control page on 127.0.0.1 and open it in the browser (needs the [ui] extra); "
