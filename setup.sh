@@ -27,8 +27,6 @@ if [ "$job" = test ]; then
   if ! command -v pulseaudio >/dev/null && ! dpkg -s pipewire-pulse >/dev/null 2>&1; then pkgs+=(pulseaudio); fi
   # the control page's browser tests drive headless chromium through its WebDriver
   pkgs+=(chromium chromium-driver)
-  # `rtanon lab tts-corpus` (synthetic training speech) is tested with the real voices
-  pkgs+=(flite espeak-ng)
 fi
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

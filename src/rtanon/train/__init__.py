@@ -23,6 +23,5 @@ Both, and research tools (``rtanon lab TOOL``):
 - ``wer_paired``: paired per-utterance WER between systems (``lab wer-paired``);
 - ``probes``: where intelligibility is lost (``lab probe``); ``spectrogram``: the cards' figure
   (``lab spectrogram-pair``); ``bench_vocoder``: architecture timing (``lab bench-vocoder``);
-- ``tts_corpus``: synthetic training speech from the training transcripts (``lab tts-corpus``);
 - ``commands``: the ``train`` and ``lab`` subcommands.
 """

@@ -23,8 +23,6 @@ TOOLS = {
     "probe": ("probes", "where the neural voice loses intelligibility: the synthesiser's floor, what the "
                         "content carries, copy-synthesis WER"),
     "spectrogram-pair": ("spectrogram", "the model card's original/anonymized spectrogram pair (PNG)"),
-    "tts-corpus": ("tts_corpus", "synthetic training speech: the training transcripts read by every installed "
-                                 "English voice (flite, espeak-ng)"),
     "bench-vocoder": ("bench_vocoder", "ONNX Runtime timing of vocoder configurations with random weights, "
                                        "for architecture choices"),
 }
