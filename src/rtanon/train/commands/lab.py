@@ -16,6 +16,8 @@ TOOLS = {
     "export-content": ("export", "a content encoder checkpoint to the ONNX graph the run time loads"),
     "package-vocoder": ("export:main_package_vocoder", "a trained vocoder as the package ships it (float16 "
                                                       "generator.pt and its ONNX graph)"),
+    "shards": ("travel", "vocoder shards packed to travel to a GPU machine (Opus audio, F0, speakers) and "
+                         "unpacked there, z computed from the decoded audio"),
     "content-eval": ("content_eval", "the content encoder's held-out figures: teacher top-1, probe R2, "
                                      "speaker-ID"),
     "wer-paired": ("wer_paired", "per-utterance WER of a system with a fresh voice per utterance, and paired "

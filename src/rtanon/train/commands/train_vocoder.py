@@ -28,8 +28,9 @@ def register(sub) -> None:
                "weights): rtanon train vocoder --data ../shared/data/so762_train ../shared/data/libri_clips "
                "--out runs/vocoder --init src/rtanon/models/neural/generator.pt --residual-start-step 0 "
                "--content-loss 30 --content-weights models/content/content_encoder.pt --max-minutes 60")
-    p.add_argument("--data", nargs="+", required=True, type=Path, metavar="DIR",
-                   help="Kaldi-style training directories (e.g. so762_train libri_clips)")
+    p.add_argument("--data", nargs="+", type=Path, metavar="DIR",
+                   help="Kaldi-style training directories (e.g. so762_train libri_clips); not needed when --shards "
+                        "holds shards already")
     p.add_argument("--out", required=True, type=Path, metavar="DIR",
                    help="run directory: shards/, generator.pt, trainer.pt, train.log, vocoder.onnx")
     p.add_argument("--shards", type=Path, metavar="DIR", help="use these feature shards (default: OUT/shards, "
@@ -89,6 +90,8 @@ def run(args) -> int:
     device = args.accelerator or ("cuda" if torch.cuda.is_available() else "cpu")
     shards = args.shards or args.out / "shards"
     if not (shards / "manifest.json").exists():
+        if not args.data:
+            raise CliError(f"{shards} holds no shards: pass --data DIR [DIR ...] to build them")
         try:
             extractors = default_extractors(content_onnx=args.content_onnx)
             build_shards(list(args.data), shards, extractors, units_dim=extractors.units_dim)
