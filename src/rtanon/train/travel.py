@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] + " See the module "
                                  "rtanon.train.travel for the layout.",
-                                 epilog="on the GPU machine: rtanon lab unpack-shards PACK runs/shards "
+                                 epilog="on the GPU machine: rtanon lab shards unpack PACK runs/shards "
                                         "--content-weights models/content/content_encoder.pt, then rtanon train "
                                         "vocoder --shards runs/shards ...")
     sub = ap.add_subparsers(dest="verb", required=True)
