@@ -9,6 +9,7 @@ page, the token is enforced. Set RTANON_UI_SCREENSHOT=FILE.png to keep a screens
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import pytest
 import soundfile as sf
 
 from rtanon.analysis import max_xcorr
+from rtanon.live_control import LiveSettings
 from test_live_control import leak_score
 
 pytestmark = pytest.mark.pulse
@@ -501,7 +503,11 @@ def test_ctrl_c_stops_the_audio_and_rtanon_ui_starts_with_the_last_settings(live
                 break
         state = live.state()
         assert state["running"] and state["settings"] == saved
-        assert state["voice"] != voice  # a fresh pseudo-voice: never stored
+        # a fresh pseudo-voice: the file holds the devices, method and chunk size and nothing of a voice
+        # (comparing the two voices' labels would fail on a chance draw: McAdams' shows 3 decimals)
+        stored = json.loads((live.config_home / "rtanon" / "live-ui.json").read_text())
+        assert set(stored) == {f.name for f in dataclasses.fields(LiveSettings)}
+        assert state["voice"] and voice
     finally:
         ui.send_signal(signal.SIGINT)
         ui.communicate(timeout=30)
