@@ -53,7 +53,7 @@ def _read_opus(path: Path, samples: int) -> np.ndarray:
     """float32 audio, exactly ``samples`` long (the codec's length is trimmed or zero-padded)."""
     import soundfile as sf
 
-    audio, sr = sf.read(path, dtype="float32")
+    audio, sr = sf.read(path, frames=samples, dtype="float32")  # decodes no further than needed
     if sr != SAMPLE_RATE_HZ:
         raise ValueError(f"{path}: {sr} Hz, expected {SAMPLE_RATE_HZ}")
     out = np.zeros(samples, np.float32)
@@ -86,7 +86,7 @@ def pack_shards(shard_dir: str | Path, pack_dir: str | Path, content_encoder, *,
                         "npz_sha256": _sha256(pack_dir / f"{stem}.npz")})
     first = entries[0]
     n = min(first["samples"], int(reference_seconds * SAMPLE_RATE_HZ)) // FRAME_SAMPLES * FRAME_SAMPLES
-    ref_audio = _read_opus(pack_dir / f"{first['stem']}.opus", first["samples"])[:n]
+    ref_audio = _read_opus(pack_dir / f"{first['stem']}.opus", n)
     with atomic_open(pack_dir / "reference.npz") as f:
         np.savez(f, audio=ref_audio, z=content_encoder.encode(ref_audio).astype(np.float32))
     out = {"format": PACK_FORMAT, "content_sha256": content_encoder.sha256,
