@@ -153,25 +153,6 @@ def test_rtanon_train_vocoder_trains_resumes_and_exports(shard_dir, tmp_path, ca
     assert meta.units_dim == K and meta.speaker_dim == D and meta.prenet_dilations == VocoderConfig().prenet_dilations
 
 
-def test_rtanon_train_vocoder_fits_a_content_codebook_for_an_init(shard_dir, tmp_path, capsys):
-    """``--content-codebook K`` with ``--init``: K unit-norm codewords fitted to the shards' z travel in the
-    generator and the exported graph; without ``--init`` it is refused."""
-    from rtanon.cli import main
-    from rtanon.stages.neural import read_onnx_config
-
-    argv = ["train", "vocoder", "--shards", str(shard_dir), "--accelerator", "cpu", "--steps", "1",
-            "--threads", "1"]
-    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
-    assert main([*argv, "--out", str(tmp_path / "b"), "--content-codebook", "4"]) == 2
-    assert "--init" in capsys.readouterr().err
-    assert main([*argv, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a" / "generator.pt"),
-                 "--content-codebook", "4", "--steps", "2"]) == 0
-    gen = load_generator(tmp_path / "b" / "generator.pt")
-    assert gen.config.units_codebook == 4 and tuple(gen.codebook.shape) == (4, K)
-    np.testing.assert_allclose(gen.codebook.norm(dim=1).numpy(), 1.0, atol=1e-5)
-    assert read_onnx_config(tmp_path / "b" / "vocoder.onnx").units_codebook == 4
-
-
 def test_warm_start_adds_a_prenet_that_starts_as_identity(tmp_path):
     """A checkpoint with fewer pre-net convolutions warm-starts a model with more: the new residual
     convolutions start at zero, so the audio is unchanged; other shape changes are refused."""

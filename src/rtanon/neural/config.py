@@ -36,10 +36,6 @@ class VocoderConfig:
     #: (0 = none: content from ``z`` alone), of which the graph keeps DCT coefficients 1..``input_cepstra``.
     input_mel_bins: int = 0
     input_cepstra: int = 16
-    #: Vector quantisation of the content: each L2-normalised ``z`` frame is replaced inside the graph by the
-    #: nearest (by cosine) of this many unit-norm codewords, a spherical k-means of the training ``z``
-    #: (the ``codebook`` buffer; 0 = continuous ``z``).
-    units_codebook: int = 0
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8
@@ -127,7 +123,5 @@ class VocoderConfig:
                                         and 1 <= self.input_cepstra < self.input_mel_bins):
             raise ConfigError(f"input_mel_bins={self.input_mel_bins}, input_cepstra={self.input_cepstra}; use 0 "
                               "(no input spectrum) or 8-128 bands, with 1 <= cepstra < bands")
-        if self.units_codebook and not 2 <= self.units_codebook <= 65536:
-            raise ConfigError(f"units_codebook={self.units_codebook}; use 0 (continuous z) or 2-65536 codewords")
         if min(self.pre_kernel_size, self.f0_kernel_size, self.post_kernel_size) < 1:
             raise ConfigError("pre/f0/post kernel sizes must be >= 1")

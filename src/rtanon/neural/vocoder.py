@@ -261,10 +261,6 @@ class HarmonicNoiseVocoder(nn.Module):
         c0 = config.initial_channels
         self.conv_pre = CausalConv1d(slots, config.units_dim, c0, config.pre_kernel_size, 1, wn)
         self.spk_pre = nn.Linear(config.speaker_dim, c0)
-        if config.units_codebook:  # filled from a spherical k-means of the training z (warm_start)
-            self.register_buffer("codebook", torch.zeros(config.units_codebook, config.units_dim))
-        else:
-            self.codebook = None
         if config.input_mel_bins:  # the input's spectral shape: fixed DCT to cepstra 1..C, then a causal conv
             from rtanon.neural.input_mel import cepstral_matrix
 
@@ -371,8 +367,6 @@ class HarmonicNoiseVocoder(nn.Module):
             k = self.config.units_dim
             units, mel_in = units[:, :, :k], units[:, :, k:]
         units = 4.0 * units / torch.sqrt((units * units).sum(-1, keepdim=True) + 1e-8)
-        if self.codebook is not None:  # the nearest codeword by cosine
-            units = 4.0 * F.embedding(torch.argmax(F.linear(units, self.codebook), dim=-1), self.codebook)
         x = self.conv_pre(units.transpose(1, 2), cur, new) + self.spk_pre(speaker)[:, :, None]
         if mel_in is not None:  # cepstra 1..C, scaled to about unit size
             x = x + self.mel_in(0.25 * torch.einsum("cm,blm->bcl", self.input_dct, mel_in), cur, new)
@@ -430,7 +424,7 @@ class HarmonicNoiseVocoder(nn.Module):
         out = HarmonicNoiseVocoder(replace(self.config, weight_norm=False))
         sd = {}
         for name, mod in self.named_modules():
-            for pname, p in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]:
+            for pname, p in mod.named_parameters(recurse=False):
                 sd[f"{name}.{pname}" if name else pname] = p.detach()
             if nn.utils.parametrize.is_parametrized(mod, "weight"):
                 sd[f"{name}.weight"] = mod.weight.detach()

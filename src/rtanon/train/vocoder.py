@@ -119,20 +119,7 @@ def perturbed_log_mel(audio: np.ndarray, bins: int, frames: int, rng: np.random.
                      for p, w, t in zip(power, warps, tilts)])
 
 
-def fit_codebook(z: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
-    """(k, D) unit-norm codewords: a spherical k-means (mini-batch k-means of the L2-normalised frames,
-    centres normalised) of the content frames ``z`` (N, D), for ``VocoderConfig.units_codebook``."""
-    from sklearn.cluster import MiniBatchKMeans
-
-    if not 2 <= k <= len(z):
-        raise ConfigError(f"a codebook of {k} codewords needs 2 <= k <= {len(z)} (the frames it is fitted to)")
-    x = np.asarray(z, dtype=np.float32)
-    x = x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-8)
-    centres = MiniBatchKMeans(k, batch_size=8192, n_init=1, max_iter=60, random_state=seed).fit(x).cluster_centers_
-    return (centres / np.linalg.norm(centres, axis=1, keepdims=True)).astype(np.float32)
-
-
-def warm_start(path: str | Path, vocoder_config: VocoderConfig, codebook=None) -> dict:
+def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
     """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may have fewer
     pre-net convolutions or no input log-mel convolution (``input_mel_bins``): the missing ones start at
     zero (weight-norm gain 0), so the new model computes what the old one did and training then grows them.
@@ -147,13 +134,6 @@ def warm_start(path: str | Path, vocoder_config: VocoderConfig, codebook=None) -
         missing, unexpected = model.load_state_dict(old.state_dict(), strict=False)
     except RuntimeError as exc:  # a shape mismatch
         raise ConfigError(f"{path} does not fit the vocoder config: {str(exc).splitlines()[-1].strip()}") from None
-    if model.codebook is not None and "codebook" in missing:
-        if codebook is None or tuple(codebook.shape) != tuple(model.codebook.shape):
-            raise ConfigError(f"a vocoder with units_codebook={vocoder_config.units_codebook} needs a codebook of "
-                              f"shape {tuple(model.codebook.shape)}")
-        with torch.no_grad():
-            model.codebook.copy_(torch.as_tensor(codebook, dtype=torch.float32))
-        missing = [k for k in missing if k != "codebook"]
     if unexpected or any(not k.startswith(("prenet.", "mel_in.")) for k in missing):
         raise ConfigError(f"{path} does not fit the vocoder config: missing {missing[:4]}, unexpected "
                           f"{unexpected[:4]}; only pre-net convolutions and the input log-mel convolution may be new")

@@ -62,11 +62,6 @@ def register(sub) -> None:
                         "run or an --init without it: the convolution reading it starts at zero")
     p.add_argument("--input-cepstra", type=int, default=16, metavar="C",
                    help="cepstral coefficients 1..C of the input log-mel that the vocoder keeps (default 16)")
-    p.add_argument("--content-codebook", type=int, default=0, metavar="K",
-                   help="vector-quantise z inside the vocoder: each frame becomes the nearest (by cosine) of K "
-                        "codewords, a spherical k-means of the shards' z fitted here (seed 0; about a minute for "
-                        "1024). Takes out about half of the speaker information z carries (the balanced privacy "
-                        "point uses 1024; default 0 = continuous z). With --init, when OUT has no generator yet")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"steps between checkpoints (default {d.checkpoint_every})")
     p.add_argument("--accelerator", choices=("cpu", "cuda"), help="where torch trains (default: cuda when "
@@ -111,8 +106,6 @@ def run(args) -> int:
                        "for new shards from that encoder")
     args.out.mkdir(parents=True, exist_ok=True)
     mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra}
-    if args.content_codebook and not args.init and not (args.out / "generator.pt").exists():
-        raise CliError("--content-codebook quantises the content of a trained vocoder: pass --init GENERATOR.pt")
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
                             content_sha256=data.content_sha256, **mel)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
@@ -122,16 +115,9 @@ def run(args) -> int:
                            f"{shards} holds: use a new --out")
     elif args.init:
         # the content it will be trained on from now is the shards', whatever --init was trained on
-        codebook = None
-        if args.content_codebook:
-            from rtanon.train.vocoder import fit_codebook
-
-            print(f"fitting {args.content_codebook} codewords to the shards' z ...", flush=True)
-            codebook = fit_codebook(data.units, args.content_codebook)
-            mel["units_codebook"] = args.content_codebook
         vocoder = replace(load_generator(args.init).config, content_sha256=data.content_sha256, **mel)
         with atomic_open(args.out / "generator.pt") as f:
-            torch.save(warm_start(args.init, vocoder, codebook), f)
+            torch.save(warm_start(args.init, vocoder), f)
     content_model = None
     if args.content_loss > 0:
         if args.content_weights is None or not args.content_weights.exists():
