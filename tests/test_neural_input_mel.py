@@ -9,7 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rtanon.neural.input_mel import LOOKAHEAD, InputMelStream, frame_power, log_mel, log_mel_frames, mel_filterbank
+from rtanon.neural.input_mel import (LOOKAHEAD, InputMelStream, frame_power, log_mel, log_mel_frames, mean_normalise,
+                                     mel_filterbank)
 
 BINS = 40
 
@@ -37,6 +38,35 @@ def test_frame_t_reads_96_samples_past_its_end_and_no_further(speech):
     near = x.copy()
     near[320 * t + 320 + LOOKAHEAD - 1] += 0.5  # the window's last sample
     assert np.abs(log_mel_frames(near, BINS)[t] - base[t]).max() > 1e-3
+
+
+def test_mean_normalisation_is_causal_and_averages_only_frames_that_exist():
+    rng = np.random.default_rng(0)
+    frames = rng.standard_normal((3, 20, 4)).astype(np.float32)
+    firsts = [0, 3, 7]
+    got = mean_normalise(frames, 5, first=np.array(firsts))
+    for b, first in enumerate(firsts):
+        for t in range(20):
+            want = frames[b, t] if t < first else frames[b, t] - frames[b, max(t - 4, first):t + 1].mean(0)
+            np.testing.assert_allclose(got[b, t], want, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(mean_normalise(frames[0], 5), got[0])
+
+
+@pytest.mark.parametrize("hop", [320, 1600, 7])
+def test_streaming_mean_normalised_log_mel_equals_offline_and_drops_a_constant_shape(speech, hop):
+    """With ``cmn_frames`` the stream gives :func:`mean_normalise` of the offline frames for any chunking;
+    what is the same in every frame (a microphone's gain, a constant spectral tilt) is gone from it."""
+    x = speech[:32000]
+    offline = mean_normalise(log_mel_frames(x, BINS), 30)
+    stream = InputMelStream(BINS, cmn_frames=30)
+    got = np.concatenate([stream.process(x[i:i + hop]) for i in range(0, len(x), hop)])
+    assert got.shape == (len(x) // 320 - 1, BINS)
+    np.testing.assert_allclose(got, offline[:len(got)], atol=1e-4, rtol=0)
+    stream.reset()
+    np.testing.assert_allclose(stream.process(x[:3200]), offline[:9], atol=1e-4, rtol=0)
+    louder = mean_normalise(log_mel_frames(2.0 * x, BINS) + np.linspace(-1, 1, BINS, dtype=np.float32), 30)
+    np.testing.assert_allclose(louder, offline, atol=1e-3, rtol=0)
+    assert np.abs(offline[40:] - log_mel_frames(x, BINS)[40:]).max() > 1.0
 
 
 def _peak_hz(logmel):
@@ -114,6 +144,9 @@ def test_the_input_log_mel_changes_the_voice_and_streams_exactly():
         model(units[:, :, :K], f0, spk, noise)
     with pytest.raises(ConfigError, match="input_mel_bins"):
         dataclasses.replace(_config(), input_cepstra=BINS).validate()
+    for bad in (dict(input_cmn_frames=1), dict(input_cmn_frames=50, input_mel_bins=0)):
+        with pytest.raises(ConfigError, match="input_cmn_frames"):
+            dataclasses.replace(_config(), **bad).validate()
 
 
 def test_the_onnx_graph_takes_the_log_mel_with_the_units(tmp_path):
@@ -147,9 +180,42 @@ def test_warm_start_adds_the_log_mel_input_at_zero(tmp_path):
                                    old(units[:, :, :K], f0, spk, noise).numpy(), atol=1e-6, rtol=0)
 
 
-def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path):
+def test_training_reads_the_normalised_log_mel_a_stream_would_have_read(tmp_path, speech, monkeypatch):
+    """With ``input_cmn_frames`` a training segment's input log-mel is normalised over the frames before it in
+    its utterance (fewer at the utterance's start), exactly what the stream computes there (perturbation off);
+    the history changes none of the batch's other draws."""
+    import rtanon.train.vocoder as tv
+    from rtanon.train.shards import ShardDataset, ShardWriter
+
+    monkeypatch.setattr(tv, "MAX_WARP", 1.0)
+    monkeypatch.setattr(tv, "MAX_TILT", 0.0)
+    audio = speech[:320 * 60]
+    w = ShardWriter(tmp_path / "shards", units_dim=K)
+    w.add("u0", 0, np.zeros((60, K), np.float32), np.full(120, 150.0, np.float32), audio)
+    w.close(["a"], np.ones((1, D), np.float32))
+    data = ShardDataset(tmp_path / "shards")
+    cmn, s = 20, 9
+    pcm = np.round(audio * 32767.0) / 32768.0  # what the shard holds
+    stream = InputMelStream(BINS, cmn_frames=cmn)
+    want = np.concatenate([stream.process(pcm.astype(np.float32)), stream.process(np.zeros(320, np.float32))])
+    plain = data.batch(np.random.default_rng(4), 16, s + 1)
+    b = data.batch(np.random.default_rng(4), 16, s + 1, history_frames=cmn)
+    for key in plain:
+        np.testing.assert_array_equal(b[key], plain[key])
+    got = tv.input_log_mel(b, BINS, s, cmn, np.random.default_rng(0))
+    starts = [int(np.argmin([np.abs(pcm[320 * t:320 * (t + s + 1)] - row).sum() for t in range(60 - s)]))
+              for row in b["audio"]]
+    assert min(starts) < cmn < max(starts)  # segments with a whole history and with part of one
+    np.testing.assert_array_equal(b["history_frames"], np.minimum(starts, cmn))
+    for row, t in zip(got, starts):
+        np.testing.assert_allclose(row, want[t:t + s], atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("cmn", [0, 6])
+def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path, cmn):
     """A few CPU steps on shards of tones: the batch gains the log-mel of its own audio (one frame more is
-    read, for the last frame's lookahead), and resuming equals training straight through."""
+    read, for the last frame's lookahead; normalised over ``cmn`` frames when set), and resuming equals
+    training straight through."""
     from rtanon.neural.vocoder import load_generator
     from rtanon.train.shards import ShardDataset, ShardWriter
     from rtanon.train.vocoder import train_vocoder
@@ -162,7 +228,8 @@ def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path):
         w.add(f"u{i}", i % 2, rng.standard_normal((30, K)).astype(np.float32), np.full(60, 150.0, np.float32), audio)
     w.close(["a", "b"], rng.standard_normal((2, D)).astype(np.float32))
     data = ShardDataset(tmp_path / "shards")
-    cfg = TrainConfig(vocoder=_config(), batch_size=2, segment_frames=8, context_frames=2, checkpoint_every=1,
+    cfg = TrainConfig(vocoder=_config(input_cmn_frames=cmn), batch_size=2, segment_frames=8, context_frames=2,
+                      checkpoint_every=1,
                       steps=2, adversarial_start_step=10**9, residual_start_step=0, seed=3)
     with torch.random.fork_rng():
         torch.set_num_threads(1)
@@ -176,9 +243,11 @@ def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path):
     assert a.mel_in.conv.parametrizations.weight.original0.abs().max() > 0  # the new input was trained
 
 
-def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, speech):
-    """A graph with the input log-mel, in the neural method: its stage computes the log-mel stream, and any
-    chunk size gives the same audio (the log-mel never holds a frame back)."""
+@pytest.mark.parametrize("cmn", [0, 50])
+def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, speech, cmn):
+    """A graph with the input log-mel, in the neural method: its stage computes the log-mel stream (mean-
+    normalised as the graph's config says), and any chunk size gives the same audio (the log-mel never holds
+    a frame back)."""
     pytest.importorskip("onnxruntime")
     from rtanon.config import NeuralConfig
     from rtanon.neural.vocoder import HarmonicNoiseVocoder, load_generator
@@ -187,7 +256,7 @@ def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, sp
 
     with packaged_path(PACKAGED_CHECKPOINT, "strong") as p:
         shipped = load_generator(p)
-    cfg = dataclasses.replace(shipped.config, input_mel_bins=BINS, input_cepstra=12)
+    cfg = dataclasses.replace(shipped.config, input_mel_bins=BINS, input_cepstra=12, input_cmn_frames=cmn)
     torch.manual_seed(0)
     model = HarmonicNoiseVocoder(cfg).eval()
     model.load_state_dict(shipped.state_dict(), strict=False)  # all but the new input convolution
@@ -198,7 +267,7 @@ def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, sp
     outs = {}
     for hop in (160, 320, 640):
         stage = neural.open_stream(hop, identity, np.random.default_rng(7))
-        assert stage.input_mel is not None and stage.input_mel.bins == BINS
+        assert stage.input_mel is not None and (stage.input_mel.bins, stage.input_mel.cmn_frames) == (BINS, cmn)
         out = np.concatenate([stage.process(x[i:i + hop]) for i in range(0, len(x), hop)])
         outs[hop] = out[stage.latency_samples:]
     n = min(len(o) for o in outs.values())

@@ -36,6 +36,9 @@ class VocoderConfig:
     #: (0 = none: content from ``z`` alone), of which the graph keeps DCT coefficients 1..``input_cepstra``.
     input_mel_bins: int = 0
     input_cepstra: int = 16
+    #: Causal mean normalisation of that log-mel over the last ``input_cmn_frames`` frames of 20 ms (0 = none;
+    #: :func:`rtanon.neural.input_mel.mean_normalise`): the speaker's average spectral shape is left out.
+    input_cmn_frames: int = 0
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8
@@ -123,5 +126,8 @@ class VocoderConfig:
                                         and 1 <= self.input_cepstra < self.input_mel_bins):
             raise ConfigError(f"input_mel_bins={self.input_mel_bins}, input_cepstra={self.input_cepstra}; use 0 "
                               "(no input spectrum) or 8-128 bands, with 1 <= cepstra < bands")
+        if self.input_cmn_frames and not (self.input_mel_bins and 2 <= self.input_cmn_frames <= 1000):
+            raise ConfigError(f"input_cmn_frames={self.input_cmn_frames}; use 0 (off) or 2-1000 frames of 20 ms, "
+                              "and only with an input spectrum (input_mel_bins > 0)")
         if min(self.pre_kernel_size, self.f0_kernel_size, self.post_kernel_size) < 1:
             raise ConfigError("pre/f0/post kernel sizes must be >= 1")

@@ -17,6 +17,14 @@ speaker's own audio, so that the voice must come from the speaker embedding.
 How much of the speaker still gets through is what the evaluation's attackers
 measure (``models/neural/MODEL_CARD.md``).
 
+With ``VocoderConfig.input_cmn_frames = W > 0`` each log-mel frame has the
+mean of the last ``W`` frames (itself included; fewer at the start of a
+stream) taken away before the graph reads it (:func:`mean_normalise`). What
+stays is how the spectrum moves from sound to sound; the speaker's average
+spectral shape (and the microphone's) goes, and with it most of what a
+frame-level speaker classifier finds in these cepstra (the model card has the
+held-out figures).
+
 The 96 samples after a frame are within the 20 ms the content encoder waits
 anyway, so this input costs no latency. One implementation serves the
 streaming stage (:class:`InputMelStream`) and training (:func:`frame_power`,
@@ -90,17 +98,39 @@ def cepstral_matrix(bins: int, cepstra: int) -> np.ndarray:
     return (np.sqrt(2.0 / bins) * np.cos(np.pi * k * (m + 0.5) / bins)).astype(np.float32)
 
 
+def mean_normalise(frames: np.ndarray, window: int, first: np.ndarray | int = 0) -> np.ndarray:
+    """Causal mean normalisation of ``frames`` ``(..., T, bins)``: frame t minus the mean of frames
+    ``max(t - window + 1, first) .. t``. ``first`` (an int or one per leading row) is where the stream began:
+    frames before it are history that does not exist (training's zero padding) and are never averaged; the
+    frames before ``first`` come back unchanged."""
+    frames = np.asarray(frames, np.float32)
+    t = np.arange(frames.shape[-2])
+    first = np.asarray(first)[..., None]
+    lo = np.maximum(t - window + 1, first)  # (..., T)
+    csum = np.concatenate([np.zeros_like(frames[..., :1, :]), np.cumsum(frames, axis=-2, dtype=np.float64)],
+                          axis=-2)
+    hi = np.maximum(t + 1, lo + 1)
+    total = np.take_along_axis(csum, np.broadcast_to(hi, frames.shape[:-1])[..., None], axis=-2) \
+        - np.take_along_axis(csum, np.broadcast_to(lo, frames.shape[:-1])[..., None], axis=-2)
+    mean = total / (hi - lo)[..., None]
+    out = (frames - mean).astype(np.float32)
+    return np.where((t < first)[..., None], frames, out)
+
+
 class InputMelStream:
     """One session's log-mel frames, streaming: ``process(chunk)`` returns the frames ``(n, bins)`` whose
-    window the input now covers, the same as :func:`log_mel_frames` over the whole stream."""
+    window the input now covers, the same as :func:`log_mel_frames` over the whole stream (then
+    :func:`mean_normalise` over ``cmn_frames`` frames, when > 0)."""
 
-    def __init__(self, bins: int) -> None:
+    def __init__(self, bins: int, cmn_frames: int = 0) -> None:
         self.bins = bins
+        self.cmn_frames = cmn_frames
         self.basis = mel_filterbank(bins)
         self.reset()
 
     def reset(self) -> None:
         self._buf = np.zeros(LOOKAHEAD, np.float32)  # the zeros before the stream
+        self._history = np.zeros((0, self.bins), np.float32)  # the last cmn_frames - 1 frames, unnormalised
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
         self._buf = np.concatenate([self._buf, np.asarray(chunk, np.float32)])
@@ -109,4 +139,8 @@ class InputMelStream:
             return np.zeros((0, self.bins), np.float32)
         out = log_mel(frame_power(self._buf, n, lead=0), self.basis)
         self._buf = self._buf[FRAME_SAMPLES * n:]
+        if self.cmn_frames:
+            seen = np.concatenate([self._history, out])
+            out = mean_normalise(seen, self.cmn_frames)[len(self._history):]
+            self._history = seen[max(0, len(seen) - (self.cmn_frames - 1)):]
         return out

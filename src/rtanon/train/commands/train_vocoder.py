@@ -62,6 +62,10 @@ def register(sub) -> None:
                         "run or an --init without it: the convolution reading it starts at zero")
     p.add_argument("--input-cepstra", type=int, default=16, metavar="C",
                    help="cepstral coefficients 1..C of the input log-mel that the vocoder keeps (default 16)")
+    p.add_argument("--input-cmn", type=int, default=0, metavar="FRAMES",
+                   help="with --input-mel: take from each input log-mel frame the mean of the last FRAMES frames of "
+                        "20 ms (causal mean normalisation), leaving the speaker's average spectral shape out "
+                        "(default 0 = off)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"steps between checkpoints (default {d.checkpoint_every})")
     p.add_argument("--accelerator", choices=("cpu", "cuda"), help="where torch trains (default: cuda when "
@@ -105,7 +109,7 @@ def run(args) -> int:
         raise CliError(f"{shards} was not made with --content-onnx {args.content_onnx}: pass another --shards/--out "
                        "for new shards from that encoder")
     args.out.mkdir(parents=True, exist_ok=True)
-    mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra}
+    mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra, "input_cmn_frames": args.input_cmn}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
                             content_sha256=data.content_sha256, **mel)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
