@@ -17,8 +17,9 @@ from rtanon.cli import main
 PINNED_PCM_SHA256 = {
     "mcadams": "405d127dd509c5c8d15bc147cfb8ed4b257c6c17fcbffbd8e417a38bfcfc9209",
     "neural strong": "3fc4dc79a67c11c261209523e8517cecb79620fb20e585cc8b4df85bbae383c4",
-    # the balanced vocoder (the default since it shipped, 2026-11-25), taken when its weights were added
-    "neural balanced": "32eab3f2836c4756fb94f9e01458267a2e454d03591925e7be9170f70b569306",
+    # the balanced vocoder (the default since 2026-11-25), taken when its mean-normalised input log-mel
+    # shipped (2026-11-26)
+    "neural balanced": "b0b38c64aa6d50c377b4567deead91e32a286642880244b4e03ce9925bc35a7a",
 }
 
 
