@@ -227,9 +227,10 @@ class ShardDataset:
             out["audio"][b, :FRAME_SAMPLES * m] = self.audio[FRAME_SAMPLES * f:FRAME_SAMPLES * (f + m)] / 32768.0
             out["speaker"][b] = self.speaker[u]
             if h:
-                m = min(h, start)
-                out["history"][b, FRAME_SAMPLES * (h - m):] = self.audio[FRAME_SAMPLES * (f - m):FRAME_SAMPLES * f] / 32768.0
-                out["history_frames"][b] = m
+                past = min(h, start)  # frames of the utterance before the segment, up to h
+                out["history"][b, FRAME_SAMPLES * (h - past):] = \
+                    self.audio[FRAME_SAMPLES * (f - past):FRAME_SAMPLES * f] / 32768.0
+                out["history_frames"][b] = past
         return out
 
 
