@@ -52,46 +52,19 @@ def test_mean_normalisation_is_causal_and_averages_only_frames_that_exist():
     np.testing.assert_array_equal(mean_normalise(frames[0], 5), got[0])
 
 
-def test_variance_normalisation_divides_by_the_rms_of_the_same_frames_that_exist():
-    """With ``variance`` frame t is the mean-normalised frame divided, per band, by the root mean square of
-    the mean-normalised frames of its window (floored), never reading a frame before ``first``; a band that
-    moves ten times as widely comes out the same."""
-    from rtanon.neural.input_mel import STD_FLOOR
-
-    rng = np.random.default_rng(1)
-    frames = rng.standard_normal((3, 20, 4)).astype(np.float32)
-    firsts = [0, 3, 7]
-    got = mean_normalise(frames, 5, first=np.array(firsts), variance=True)
-    centred = mean_normalise(frames, 5, first=np.array(firsts))
-    for b, first in enumerate(firsts):
-        for t in range(20):
-            win = centred[b, max(t - 4, first):t + 1]
-            want = frames[b, t] if t < first else centred[b, t] / np.sqrt((win ** 2).mean(0) + STD_FLOOR ** 2)
-            np.testing.assert_allclose(got[b, t], want, atol=1e-5, rtol=0)
-    frames[1, :3] = 1e3  # rows before first are never read
-    np.testing.assert_allclose(mean_normalise(frames, 5, first=np.array(firsts), variance=True)[1, 3:], got[1, 3:],
-                               atol=1e-5, rtol=0)
-    wide = frames[0].copy()
-    wide[:, 2] *= 10.0
-    np.testing.assert_allclose(mean_normalise(wide, 5, variance=True)[5:, 2], got[0, 5:, 2], atol=5e-2, rtol=0)
-
-
-@pytest.mark.parametrize("variance", [False, True])
 @pytest.mark.parametrize("hop", [320, 1600, 7])
-def test_streaming_mean_normalised_log_mel_equals_offline_and_drops_a_constant_shape(speech, hop, variance):
-    """With ``cmn_frames`` the stream gives :func:`mean_normalise` of the offline frames for any chunking
-    (with ``variance`` too: it keeps twice the history); what is the same in every frame (a microphone's
-    gain, a constant spectral tilt) is gone from it."""
+def test_streaming_mean_normalised_log_mel_equals_offline_and_drops_a_constant_shape(speech, hop):
+    """With ``cmn_frames`` the stream gives :func:`mean_normalise` of the offline frames for any chunking;
+    what is the same in every frame (a microphone's gain, a constant spectral tilt) is gone from it."""
     x = speech[:32000]
-    offline = mean_normalise(log_mel_frames(x, BINS), 30, variance=variance)
-    stream = InputMelStream(BINS, cmn_frames=30, variance=variance)
+    offline = mean_normalise(log_mel_frames(x, BINS), 30)
+    stream = InputMelStream(BINS, cmn_frames=30)
     got = np.concatenate([stream.process(x[i:i + hop]) for i in range(0, len(x), hop)])
     assert got.shape == (len(x) // 320 - 1, BINS)
     np.testing.assert_allclose(got, offline[:len(got)], atol=1e-4, rtol=0)
     stream.reset()
     np.testing.assert_allclose(stream.process(x[:3200]), offline[:9], atol=1e-4, rtol=0)
-    louder = mean_normalise(log_mel_frames(2.0 * x, BINS) + np.linspace(-1, 1, BINS, dtype=np.float32), 30,
-                            variance=variance)
+    louder = mean_normalise(log_mel_frames(2.0 * x, BINS) + np.linspace(-1, 1, BINS, dtype=np.float32), 30)
     np.testing.assert_allclose(louder, offline, atol=1e-3, rtol=0)
     assert np.abs(offline[40:] - log_mel_frames(x, BINS)[40:]).max() > 1.0
 
@@ -171,7 +144,7 @@ def test_the_input_log_mel_changes_the_voice_and_streams_exactly():
         model(units[:, :, :K], f0, spk, noise)
     with pytest.raises(ConfigError, match="input_mel_bins"):
         dataclasses.replace(_config(), input_cepstra=BINS).validate()
-    for bad in (dict(input_cmn_frames=1), dict(input_cmn_frames=50, input_mel_bins=0), dict(input_cvn=True)):
+    for bad in (dict(input_cmn_frames=1), dict(input_cmn_frames=50, input_mel_bins=0)):
         with pytest.raises(ConfigError, match="input_cmn_frames"):
             dataclasses.replace(_config(), **bad).validate()
 
@@ -207,11 +180,10 @@ def test_warm_start_adds_the_log_mel_input_at_zero(tmp_path):
                                    old(units[:, :, :K], f0, spk, noise).numpy(), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("variance", [False, True])
-def test_training_reads_the_normalised_log_mel_a_stream_would_have_read(tmp_path, speech, monkeypatch, variance):
+def test_training_reads_the_normalised_log_mel_a_stream_would_have_read(tmp_path, speech, monkeypatch):
     """With ``input_cmn_frames`` a training segment's input log-mel is normalised over the frames before it in
-    its utterance (fewer at the utterance's start; with ``input_cvn`` twice as many), exactly what the stream
-    computes there (perturbation off); the history changes none of the batch's other draws."""
+    its utterance (fewer at the utterance's start), exactly what the stream computes there (perturbation off);
+    the history changes none of the batch's other draws."""
     import rtanon.train.vocoder as tv
     from rtanon.train.shards import ShardDataset, ShardWriter
 
@@ -224,28 +196,26 @@ def test_training_reads_the_normalised_log_mel_a_stream_would_have_read(tmp_path
     data = ShardDataset(tmp_path / "shards")
     cmn, s = 20, 9
     pcm = np.round(audio * 32767.0) / 32768.0  # what the shard holds
-    cmn = 12 if variance else cmn
-    h = tv.history_frames(cmn, variance)
-    stream = InputMelStream(BINS, cmn_frames=cmn, variance=variance)
+    stream = InputMelStream(BINS, cmn_frames=cmn)
     want = np.concatenate([stream.process(pcm.astype(np.float32)), stream.process(np.zeros(320, np.float32))])
     plain = data.batch(np.random.default_rng(4), 16, s + 1)
-    b = data.batch(np.random.default_rng(4), 16, s + 1, history_frames=h)
+    b = data.batch(np.random.default_rng(4), 16, s + 1, history_frames=cmn)
     for key in plain:
         np.testing.assert_array_equal(b[key], plain[key])
-    got = tv.input_log_mel(b, BINS, s, cmn, np.random.default_rng(0), variance)
+    got = tv.input_log_mel(b, BINS, s, cmn, np.random.default_rng(0))
     starts = [int(np.argmin([np.abs(pcm[320 * t:320 * (t + s + 1)] - row).sum() for t in range(60 - s)]))
               for row in b["audio"]]
-    assert min(starts) < h < max(starts)  # segments with a whole history and with part of one
-    np.testing.assert_array_equal(b["history_frames"], np.minimum(starts, h))
+    assert min(starts) < cmn < max(starts)  # segments with a whole history and with part of one
+    np.testing.assert_array_equal(b["history_frames"], np.minimum(starts, cmn))
     for row, t in zip(got, starts):
         np.testing.assert_allclose(row, want[t:t + s], atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("cmn, cvn", [(0, False), (6, False), (6, True)])
-def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path, cmn, cvn):
+@pytest.mark.parametrize("cmn", [0, 6])
+def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path, cmn):
     """A few CPU steps on shards of tones: the batch gains the log-mel of its own audio (one frame more is
-    read, for the last frame's lookahead; normalised over ``cmn`` frames when set, and its variance with
-    ``cvn``), and resuming equals training straight through."""
+    read, for the last frame's lookahead; normalised over ``cmn`` frames when set), and resuming equals
+    training straight through."""
     from rtanon.neural.vocoder import load_generator
     from rtanon.train.shards import ShardDataset, ShardWriter
     from rtanon.train.vocoder import train_vocoder
@@ -258,7 +228,7 @@ def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path, cmn,
         w.add(f"u{i}", i % 2, rng.standard_normal((30, K)).astype(np.float32), np.full(60, 150.0, np.float32), audio)
     w.close(["a", "b"], rng.standard_normal((2, D)).astype(np.float32))
     data = ShardDataset(tmp_path / "shards")
-    cfg = TrainConfig(vocoder=_config(input_cmn_frames=cmn, input_cvn=cvn), batch_size=2, segment_frames=8, context_frames=2,
+    cfg = TrainConfig(vocoder=_config(input_cmn_frames=cmn), batch_size=2, segment_frames=8, context_frames=2,
                       checkpoint_every=1,
                       steps=2, adversarial_start_step=10**9, residual_start_step=0, seed=3)
     with torch.random.fork_rng():
@@ -273,8 +243,8 @@ def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path, cmn,
     assert a.mel_in.conv.parametrizations.weight.original0.abs().max() > 0  # the new input was trained
 
 
-@pytest.mark.parametrize("cmn, cvn", [(0, False), (50, False), (50, True)])
-def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, speech, cmn, cvn):
+@pytest.mark.parametrize("cmn", [0, 50])
+def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, speech, cmn):
     """A graph with the input log-mel, in the neural method: its stage computes the log-mel stream (mean-
     normalised as the graph's config says), and any chunk size gives the same audio (the log-mel never holds
     a frame back)."""
@@ -286,8 +256,7 @@ def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, sp
 
     with packaged_path(PACKAGED_CHECKPOINT, "strong") as p:
         shipped = load_generator(p)
-    cfg = dataclasses.replace(shipped.config, input_mel_bins=BINS, input_cepstra=12, input_cmn_frames=cmn,
-                              input_cvn=cvn)
+    cfg = dataclasses.replace(shipped.config, input_mel_bins=BINS, input_cepstra=12, input_cmn_frames=cmn)
     torch.manual_seed(0)
     model = HarmonicNoiseVocoder(cfg).eval()
     model.load_state_dict(shipped.state_dict(), strict=False)  # all but the new input convolution
@@ -298,8 +267,7 @@ def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, sp
     outs = {}
     for hop in (160, 320, 640):
         stage = neural.open_stream(hop, identity, np.random.default_rng(7))
-        assert stage.input_mel is not None
-        assert (stage.input_mel.bins, stage.input_mel.cmn_frames, stage.input_mel.variance) == (BINS, cmn, cvn)
+        assert stage.input_mel is not None and (stage.input_mel.bins, stage.input_mel.cmn_frames) == (BINS, cmn)
         out = np.concatenate([stage.process(x[i:i + hop]) for i in range(0, len(x), hop)])
         outs[hop] = out[stage.latency_samples:]
     n = min(len(o) for o in outs.values())

@@ -39,8 +39,6 @@ class VocoderConfig:
     #: Causal mean normalisation of that log-mel over the last ``input_cmn_frames`` frames of 20 ms (0 = none;
     #: :func:`rtanon.neural.input_mel.mean_normalise`): the speaker's average spectral shape is left out.
     input_cmn_frames: int = 0
-    #: With ``input_cmn_frames``: also divide each band by its root mean square over those frames.
-    input_cvn: bool = False
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8
@@ -131,7 +129,5 @@ class VocoderConfig:
         if self.input_cmn_frames and not (self.input_mel_bins and 2 <= self.input_cmn_frames <= 1000):
             raise ConfigError(f"input_cmn_frames={self.input_cmn_frames}; use 0 (off) or 2-1000 frames of 20 ms, "
                               "and only with an input spectrum (input_mel_bins > 0)")
-        if self.input_cvn and not self.input_cmn_frames:
-            raise ConfigError("input_cvn needs input_cmn_frames > 0: the variance is taken over that window")
         if min(self.pre_kernel_size, self.f0_kernel_size, self.post_kernel_size) < 1:
             raise ConfigError("pre/f0/post kernel sizes must be >= 1")

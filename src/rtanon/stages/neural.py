@@ -199,8 +199,8 @@ class NeuralVoiceStage:
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
         mel_bins = model.vocoder_config.input_mel_bins
-        self.input_mel = (InputMelStream(mel_bins, model.vocoder_config.input_cmn_frames,
-                                         model.vocoder_config.input_cvn) if mel_bins else None)
+        self.input_mel = (InputMelStream(mel_bins, model.vocoder_config.input_cmn_frames) if mel_bins
+                          else None)
         self._delay = stage_delay_samples(hop, self.f0.latency_frames, model.content.lookahead_frames)
         self._match = model.config.match_loudness
         self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))

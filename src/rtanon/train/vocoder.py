@@ -119,25 +119,19 @@ def perturbed_log_mel(audio: np.ndarray, bins: int, frames: int, rng: np.random.
                      for p, w, t in zip(power, warps, tilts)])
 
 
-def history_frames(cmn_frames: int, variance: bool) -> int:
-    """Frames of audio before each segment that :func:`input_log_mel` needs for its normalisation."""
-    return cmn_frames * (2 if variance else 1)
-
-
-def input_log_mel(b: dict, bins: int, frames: int, cmn_frames: int, rng: np.random.Generator,
-                  variance: bool = False) -> np.ndarray:
+def input_log_mel(b: dict, bins: int, frames: int, cmn_frames: int, rng: np.random.Generator) -> np.ndarray:
     """The vocoder's input log-mel ``(B, frames, bins)`` for a batch of :meth:`ShardDataset.batch`:
-    :func:`perturbed_log_mel` of its audio, mean-normalised over ``cmn_frames`` (when > 0; with its
-    ``variance``) with the batch's ``history`` of :func:`history_frames` frames before each segment, as a
-    stream would have seen them (the first history frame is never averaged: it gives the next one the 96
-    samples its window reads before it; the tilt, constant in time, drops out)."""
+    :func:`perturbed_log_mel` of its audio, mean-normalised over ``cmn_frames`` (when > 0) with the
+    batch's ``history`` of ``cmn_frames`` frames before each segment, as a stream would have seen them (the
+    first history frame is never averaged: it gives the next one the 96 samples its window reads before it;
+    the tilt, constant in time, drops out)."""
     if not cmn_frames:
         return perturbed_log_mel(b["audio"], bins, frames, rng)
     from rtanon.neural.input_mel import mean_normalise
 
-    h = history_frames(cmn_frames, variance)
+    h = cmn_frames
     lm = perturbed_log_mel(np.concatenate([b["history"], b["audio"]], axis=1), bins, h + frames, rng)
-    return mean_normalise(lm, cmn_frames, first=h - b["history_frames"], variance=variance)[:, h:]
+    return mean_normalise(lm, cmn_frames, first=h - b["history_frames"])[:, h:]
 
 
 def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
@@ -261,17 +255,15 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     try:
         gen.train()
         disc.train()
-        input_mel, cmn, cvn = (config.vocoder.input_mel_bins, config.vocoder.input_cmn_frames,
-                               config.vocoder.input_cvn)
+        input_mel, cmn = config.vocoder.input_mel_bins, config.vocoder.input_cmn_frames
         while step < end:
             rng = np.random.default_rng([config.seed, step])
             # one frame more than trained on: the input log-mel of the last frame reads 96 samples past it
             b = data.batch(rng, config.batch_size, config.segment_frames + (1 if input_mel else 0),
-                           history_frames=history_frames(cmn, cvn))
+                           history_frames=cmn)
             if input_mel:
                 s = config.segment_frames
-                mel = input_log_mel(b, input_mel, s, cmn, rng, cvn)
-                b = {"units": np.concatenate([b["units"][:, :s], mel], axis=2),
+                b = {"units": np.concatenate([b["units"][:, :s], input_log_mel(b, input_mel, s, cmn, rng)], axis=2),
                      "f0_hz": b["f0_hz"][:, :2 * s], "audio": b["audio"][:, :FRAME_SAMPLES * s],
                      "speaker": b["speaker"]}
             emb = data.embeddings[b["speaker"]]

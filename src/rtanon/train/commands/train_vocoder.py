@@ -66,9 +66,6 @@ def register(sub) -> None:
                    help="with --input-mel: take from each input log-mel frame the mean of the last FRAMES frames of "
                         "20 ms (causal mean normalisation), leaving the speaker's average spectral shape out "
                         "(default 0 = off)")
-    p.add_argument("--input-cvn", action="store_true",
-                   help="with --input-cmn: also divide each band by its root mean square over those frames, "
-                        "leaving out how widely the speaker's spectrum moves too")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"steps between checkpoints (default {d.checkpoint_every})")
     p.add_argument("--accelerator", choices=("cpu", "cuda"), help="where torch trains (default: cuda when "
@@ -112,8 +109,7 @@ def run(args) -> int:
         raise CliError(f"{shards} was not made with --content-onnx {args.content_onnx}: pass another --shards/--out "
                        "for new shards from that encoder")
     args.out.mkdir(parents=True, exist_ok=True)
-    mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra, "input_cmn_frames": args.input_cmn,
-           "input_cvn": args.input_cvn}
+    mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra, "input_cmn_frames": args.input_cmn}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
                             content_sha256=data.content_sha256, **mel)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
