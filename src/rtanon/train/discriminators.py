@@ -124,3 +124,36 @@ class Discriminators(nn.Module):
         s1, f1 = self.mpd(audio)
         s2, f2 = self.msd(audio)
         return s1 + s2, f1 + f2
+
+
+class _ReverseGradient(torch.autograd.Function):
+    """Identity forward, negated gradient backward (Ganin & Lempitsky 2015)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return -grad
+
+
+def reverse_gradient(x: torch.Tensor) -> torch.Tensor:
+    return _ReverseGradient.apply(x)
+
+
+class SpeakerAdversary(nn.Module):
+    """A speaker classifier on a reading ``(B, C, L)`` pooled over time: per-channel mean and standard
+    deviation (what an utterance-level attacker pools), normalised per item so that scaling the reading down
+    hides nothing, then an MLP -> ``(B, speakers)`` logits. Behind :func:`reverse_gradient` the classifier
+    learns to name the speaker while what it reads learns to hide it."""
+
+    def __init__(self, channels: int, speakers: int, hidden: int = 256) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(2 * channels, elementwise_affine=False),
+                                 nn.Linear(2 * channels, hidden), nn.LeakyReLU(0.1),
+                                 nn.Linear(hidden, hidden), nn.LeakyReLU(0.1), nn.Linear(hidden, speakers))
+
+    def forward(self, reading: torch.Tensor) -> torch.Tensor:
+        reading = reading.float()
+        return self.net(torch.cat((reading.mean(2), reading.std(2)), dim=1))
