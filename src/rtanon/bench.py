@@ -227,6 +227,7 @@ def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0)
             "recorded_s": n / SAMPLE_RATE_HZ,
             "xcorr_mic_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_mic),
             "xcorr_anon_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_anon),
+            "recorder_overflows": mic.overflows + anon.overflows,
             "live_summary": live_out.strip().splitlines()[-1] if live_out.strip() else ""}
 
 

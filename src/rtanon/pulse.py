@@ -191,19 +191,22 @@ class PulseDaemon:
 class SourceRecorder:
     """Records one PulseAudio source through PortAudio (16-bit, 10 ms blocks); each block is stamped
     with the monotonic time it was captured (PortAudio's input latency subtracted), so two recorders'
-    timelines line up. Use ``with rec.stream:``; then ``timeline(t0)``."""
+    timelines line up. Use ``with rec.stream:``; then ``timeline(t0)``. ``overflows`` counts the blocks
+    PortAudio flagged as following lost input (a busy machine): their recording has a gap."""
 
     def __init__(self, source: str) -> None:
         import sounddevice as sd
 
         os.environ["PULSE_SOURCE"] = source  # read when the stream opens
         self.blocks: list[tuple[float, np.ndarray]] = []
+        self.overflows = 0
         self.stream = sd.InputStream(device="pulse", channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32",
                                      blocksize=SAMPLE_RATE_HZ // 100, latency="low", callback=self._cb)
 
     def _cb(self, indata, frames, time_info, status) -> None:
         import numpy as np
 
+        self.overflows += bool(status.input_overflow)
         lag = time_info.currentTime - time_info.inputBufferAdcTime
         lag = lag if 0.0 <= lag < 2.0 else 0.0
         self.blocks.append((time.monotonic() - lag, (indata[:, 0] * 32767).astype(np.int16)))
