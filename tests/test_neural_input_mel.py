@@ -264,11 +264,19 @@ def test_gradient_reversal_negates_the_gradient_only():
     torch.testing.assert_close(y, x)
     (y * torch.arange(4.0)).sum().backward()
     torch.testing.assert_close(x.grad, -torch.arange(4.0).expand(3, 4))
-    # the classifier pools over time and ignores the reading's scale
+    # the classifier pools the valid frames over time, and shrinking one channel hides nothing from it
     adv = SpeakerAdversary(channels=4, speakers=5)
-    h = torch.randn(2, 4, 7)
-    assert adv(h).shape == (2, 5)
-    torch.testing.assert_close(adv(10.0 * h), adv(h), atol=1e-4, rtol=1e-4)
+    h = torch.randn(3, 4, 7)
+    assert adv(h).shape == (3, 5)
+    shrunk = h.clone()
+    shrunk[:, 2] *= 0.1
+    torch.testing.assert_close(adv(shrunk), adv(h), atol=1e-3, rtol=1e-3)
+    valid = torch.arange(7)[None].expand(3, 7) >= torch.tensor([[0], [2], [4]])
+    changed = h.clone()
+    changed[1, :, :2] = 100.0
+    changed[2, :, :4] = -100.0
+    torch.testing.assert_close(adv(changed, valid), adv(h, valid))
+    assert not torch.allclose(adv(changed), adv(h))
 
 
 def test_the_speaker_adversary_moves_only_the_input_spectrum_reading(tmp_path):

@@ -121,19 +121,36 @@ def perturbed_log_mel(audio: np.ndarray, bins: int, frames: int, rng: np.random.
                      for p, w, t in zip(power, warps, tilts)])
 
 
-def input_log_mel(b: dict, bins: int, frames: int, cmn_frames: int, rng: np.random.Generator) -> np.ndarray:
+def input_log_mel(b: dict, bins: int, frames: int, cmn_frames: int, rng: np.random.Generator,
+                  with_history: bool = False):
     """The vocoder's input log-mel ``(B, frames, bins)`` for a batch of :meth:`ShardDataset.batch`:
     :func:`perturbed_log_mel` of its audio, mean-normalised over ``cmn_frames`` (when > 0) with the
     batch's ``history`` of ``cmn_frames`` frames before each segment, as a stream would have seen them (the
     first history frame is never averaged: it gives the next one the 96 samples its window reads before it;
-    the tilt, constant in time, drops out)."""
+    the tilt, constant in time, drops out). ``with_history``: ``(frames of the history and the segment
+    (B, cmn_frames + frames, bins), the index from which each row's frames are all real (B,))`` instead."""
     if not cmn_frames:
-        return perturbed_log_mel(b["audio"], bins, frames, rng)
+        lm = perturbed_log_mel(b["audio"], bins, frames, rng)
+        return (lm, np.zeros(len(lm), np.int64)) if with_history else lm
     from rtanon.neural.input_mel import mean_normalise
 
     h = cmn_frames
     lm = perturbed_log_mel(np.concatenate([b["history"], b["audio"]], axis=1), bins, h + frames, rng)
-    return mean_normalise(lm, cmn_frames, first=h - b["history_frames"])[:, h:]
+    first = h - np.asarray(b["history_frames"])
+    lm = mean_normalise(lm, cmn_frames, first=first)
+    return (lm, first + 1) if with_history else lm[:, h:]
+
+
+def speaker_reading(gen, spectrum: np.ndarray, first: np.ndarray, device):
+    """What ``gen`` reads from the input log-mel ``spectrum`` ``(B, L, bins)`` (its ``mel_in`` convolution's
+    output ``(B, C, L)``, from the zero state) and the frames from each row's ``first`` on ``(B, L)``: the
+    speaker adversary's view of a segment with the history before it, as an attacker pools an utterance."""
+    import torch
+
+    cep = 0.25 * torch.einsum("cm,blm->bcl", gen.input_dct, torch.from_numpy(spectrum).to(device))
+    reading = gen.mel_in.conv(torch.nn.functional.pad(cep, (gen.mel_in.context, 0)))
+    valid = torch.arange(spectrum.shape[1], device=device)[None] >= torch.from_numpy(first).to(device)[:, None]
+    return reading, valid
 
 
 def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
@@ -221,11 +238,9 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         adversarial_start = 0 if device.startswith("cuda") else math.inf
     augment = BlendWithOtherSpeaker(prob=config.blend_prob) if config.blend_prob > 0 else None
     adversary = opt_a = None
-    readings: list = []
-    if config.speaker_adversary_weight > 0:  # reads the input spectrum convolution's output, via a hook
+    if config.speaker_adversary_weight > 0:
         adversary = SpeakerAdversary(config.vocoder.initial_channels, data.embeddings.shape[0]).to(device)
         opt_a = torch.optim.AdamW(adversary.parameters(), config.learning_rate, betas=config.adam_betas)
-        gen.mel_in.register_forward_hook(lambda module, args, out: readings.append(out))
 
     step = 0
     gen_path, trainer_path = run_dir / "generator.pt", run_dir / "trainer.pt"
@@ -277,7 +292,8 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                            history_frames=cmn)
             if input_mel:
                 s = config.segment_frames
-                b = {"units": np.concatenate([b["units"][:, :s], input_log_mel(b, input_mel, s, cmn, rng)], axis=2),
+                spectrum, first = input_log_mel(b, input_mel, s, cmn, rng, with_history=True)
+                b = {"units": np.concatenate([b["units"][:, :s], spectrum[:, -s:]], axis=2),
                      "f0_hz": b["f0_hz"][:, :2 * s], "audio": b["audio"][:, :FRAME_SAMPLES * s],
                      "speaker": b["speaker"]}
             emb = data.embeddings[b["speaker"]]
@@ -289,7 +305,6 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             real = real[:, None, ctx:]
             adversarial = step >= adversarial_start
             residual = step >= config.residual_start_step
-            readings.clear()
             with torch.autocast("cuda", dtype=amp_dtype, enabled=use_amp):
                 fake = gen(units, f0, spk, noise_t, residual=residual)[:, None, ctx:]
             fake = fake.float()
@@ -323,7 +338,8 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                 parts["content"] = float(closs.detach())
                 parts["total"] += config.content_loss_weight * parts["content"]
             if adversary is not None:  # one backward: the classifier descends, the reading ascends
-                logits = adversary(reverse_gradient(readings[0][:, :, config.context_frames:]))
+                reading, valid = speaker_reading(gen, spectrum, first, device)
+                logits = adversary(reverse_gradient(reading), valid)
                 target = torch.from_numpy(b["speaker"].astype(np.int64)).to(device)
                 aloss = torch.nn.functional.cross_entropy(logits, target)
                 g_loss = g_loss + config.speaker_adversary_weight * aloss
