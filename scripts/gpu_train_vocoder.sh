@@ -8,13 +8,14 @@
 # so762_train + libri_clips), or shards already unpacked from one (several runs can share them). It unpacks
 # the shards with the content encoder's torch weights (z from the decoded audio, on CUDA) into OUT_DIR/shards,
 # then runs the balanced recipe's last stage (from the balanced generator; on CUDA the MPD/MSD losses join at
-# step 0 unless --no-gan) for MINUTES, and leaves OUT_DIR/generator.pt, train.log and vocoder.onnx;
+# step 0) for MINUTES, and leaves OUT_DIR/generator.pt, train.log and vocoder.onnx;
 # `rtanon lab package-vocoder OUT_DIR/generator.pt DIR` packages it where rtanon is set up. TRAIN_OPTIONs
-# go to `rtanon train vocoder` after the recipe's and win over them (e.g. --init FILE, --no-gan). A machine
+# go to `rtanon train vocoder` after the recipe's and win over them (e.g. --init FILE). A machine
 # without soundfile needs its wheels (soundfile, cffi, pycparser) in .whl/; a machine that takes at most
 # 64 MiB of working tree needs the weights this does not read (the vocoder graphs, the strong generator,
 # the content graph) left out of the copy.
-# First run, 2026-11-26, one H200: unpack 23 s, 0.17 s per step (lab notes, neural-vocoder.md).
+# First run, 2026-11-26, one H200: unpack 23 s, 0.17 s per step; eighteenth session, one H100: unpack about
+# 20 s, several runs side by side on the card (lab notes, neural-vocoder.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=$1 out=$2 minutes=$3
