@@ -145,15 +145,11 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
 
 @pytest.mark.slow
 def test_bench_e2e_measures_a_latency(daemon):
-    # the recording of the fake microphone is the harness's reference, not rtanon's output: on a loaded machine
-    # PulseAudio can drop its samples (a fresh-clone CI run once recorded it at 0.24 correlation with what was
-    # played); then measure again, at most twice
-    for attempt in range(3):
-        proc = _rtanon(daemon.env, "bench", "--e2e", "--seconds", "3", "--json", timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-        if result["xcorr_mic_vs_played"] > 0.6:
-            break
-        print(f"attempt {attempt}: the microphone's recording failed: {result}")
+    # the bench measures again when its reference, the fake microphone's recording, lost samples on a loaded
+    # machine (a fresh-clone CI run once recorded it at 0.24 correlation with what was played)
+    proc = _rtanon(daemon.env, "bench", "--e2e", "--seconds", "3", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 1 <= result["attempts"] <= 3
     assert 30.0 <= result["e2e_latency_ms"] < 1000.0  # at least the algorithmic latency
     assert result["xcorr_mic_vs_played"] > 0.6 > result["xcorr_anon_vs_played"]

@@ -109,10 +109,10 @@ def run(args) -> int:
         print(f"end-to-end (fake mic -> rtanon live -> virtual mic): {result['e2e_latency_ms']:.0f} ms; "
               f"waveform similarity to the input: mic {result['xcorr_mic_vs_played']:.2f}, "
               f"rtanon {result['xcorr_anon_vs_played']:.2f}")
-        if result["recorder_overflows"] or result["xcorr_mic_vs_played"] <= 0.6:
+        if result["recorder_overflows"] or result["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
             print(f"warning: the fake microphone's recording is not a faithful copy of what was played (similarity "
-                  f"{result['xcorr_mic_vs_played']:.2f}, {result['recorder_overflows']} overflows: the machine was "
-                  "too busy); measure again on a quieter machine")
+                  f"{result['xcorr_mic_vs_played']:.2f}, {result['recorder_overflows']} overflows, "
+                  f"{result['attempts']} attempts: the machine was too busy); measure again on a quieter machine")
     if args.json:
         print(json.dumps(result))
     return 0
