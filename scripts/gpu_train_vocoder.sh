@@ -7,10 +7,12 @@
 # PACK is `rtanon lab shards pack SHARDS PACK` made where the shards are (43 MB for the 2.9 h of
 # so762_train + libri_clips), or shards already unpacked from one (several runs can share them). It unpacks
 # the shards with the content encoder's torch weights (z from the decoded audio, on CUDA) into OUT_DIR/shards,
-# then runs the balanced recipe's last stage (from the balanced generator; on CUDA the MPD/MSD losses join at
-# step 0) for MINUTES, and leaves OUT_DIR/generator.pt, train.log and vocoder.onnx;
+# then fine-tunes with the balanced recipe (from the balanced generator; on CUDA the MPD/MSD losses join at
+# step 0 unless --no-gan) for MINUTES, and leaves OUT_DIR/generator.pt, train.log and vocoder.onnx;
 # `rtanon lab package-vocoder OUT_DIR/generator.pt DIR` packages it where rtanon is set up. TRAIN_OPTIONs
-# go to `rtanon train vocoder` after the recipe's and win over them (e.g. --init FILE). A machine
+# go to `rtanon train vocoder` after the recipe's and win over them (e.g. --init FILE). The shipped balanced
+# vocoder's last stage was `... 4.0 --no-gan --threads 6 --speaker-adversary 3 --init STEP6_GENERATOR`
+# (models/neural/MODEL_CARD.md, recipe step 7). A machine
 # without soundfile needs its wheels (soundfile, cffi, pycparser) in .whl/; a machine that takes at most
 # 64 MiB of working tree needs the weights this does not read (the vocoder graphs, the strong generator,
 # the content graph) left out of the copy.

@@ -243,6 +243,74 @@ def test_training_feeds_the_perturbed_log_mel_and_resumes_exactly(tmp_path, cmn)
     assert a.mel_in.conv.parametrizations.weight.original0.abs().max() > 0  # the new input was trained
 
 
+def _tone_shards(path, speakers=2):
+    from rtanon.train.shards import ShardDataset, ShardWriter
+
+    rng = np.random.default_rng(0)
+    w = ShardWriter(path, units_dim=K)
+    for i in range(3):
+        audio = (0.2 * np.sin(2 * np.pi * (150 + 40 * i) * np.arange(320 * 30) / 16000)).astype(np.float32)
+        w.add(f"u{i}", i % speakers, rng.standard_normal((30, K)).astype(np.float32),
+              np.full(60, 150.0, np.float32), audio)
+    w.close([f"s{i}" for i in range(speakers)], rng.standard_normal((speakers, D)).astype(np.float32))
+    return ShardDataset(path)
+
+
+def test_gradient_reversal_negates_the_gradient_only():
+    from rtanon.train.discriminators import SpeakerAdversary, reverse_gradient
+
+    x = torch.randn(3, 4, requires_grad=True)
+    y = reverse_gradient(x)
+    torch.testing.assert_close(y, x)
+    (y * torch.arange(4.0)).sum().backward()
+    torch.testing.assert_close(x.grad, -torch.arange(4.0).expand(3, 4))
+    # the classifier pools the valid frames over time, and shrinking one channel hides nothing from it
+    adv = SpeakerAdversary(channels=4, speakers=5)
+    h = torch.randn(3, 4, 7)
+    assert adv(h).shape == (3, 5)
+    shrunk = h.clone()
+    shrunk[:, 2] *= 0.1
+    torch.testing.assert_close(adv(shrunk), adv(h), atol=1e-3, rtol=1e-3)
+    valid = torch.arange(7)[None].expand(3, 7) >= torch.tensor([[0], [2], [4]])
+    changed = h.clone()
+    changed[1, :, :2] = 100.0
+    changed[2, :, :4] = -100.0
+    torch.testing.assert_close(adv(changed, valid), adv(h, valid))
+    assert not torch.allclose(adv(changed), adv(h))
+
+
+def test_the_speaker_adversary_moves_only_the_input_spectrum_reading(tmp_path):
+    """One step with the adversary from the same start as one without: every generator weight but the input
+    spectrum convolution's gets the same update (the adversary reads that convolution alone); the run logs the
+    classifier's loss, keeps the classifier in its trainer checkpoint and resumes exactly. Without an input
+    spectrum there is nothing to read: refused."""
+    from rtanon.config import ConfigError
+    from rtanon.neural.vocoder import load_generator
+    from rtanon.train.vocoder import train_vocoder
+    from rtanon.train.vocoder_config import TrainConfig
+
+    data = _tone_shards(tmp_path / "shards", speakers=3)
+    base = TrainConfig(vocoder=_config(input_cmn_frames=6), batch_size=2, segment_frames=8, context_frames=2,
+                       checkpoint_every=1, steps=2, adversarial_start_step=10**9, residual_start_step=0, seed=3)
+    cfg = dataclasses.replace(base, speaker_adversary_weight=5.0)
+    with torch.random.fork_rng():
+        torch.set_num_threads(1)
+        train_vocoder(base, data, tmp_path / "plain", device="cpu", max_steps=1)
+        last = train_vocoder(cfg, data, tmp_path / "adv", device="cpu", max_steps=1)
+        assert np.isfinite(last["g_speaker_ce"]) and 0 <= last["g_speaker_acc"] <= 1
+        assert "adversary" in torch.load(tmp_path / "adv" / "trainer.pt", weights_only=False)
+        a, p = (load_generator(tmp_path / d / "generator.pt").state_dict() for d in ("adv", "plain"))
+        moved = {k for k in a if not torch.equal(a[k], p[k])}
+        assert moved and all(k.startswith("mel_in.") for k in moved), moved
+        train_vocoder(cfg, data, tmp_path / "adv", device="cpu", max_steps=1)
+        train_vocoder(cfg, data, tmp_path / "straight", device="cpu", max_steps=2)
+    a, b = (load_generator(tmp_path / d / "generator.pt") for d in ("adv", "straight"))
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=0, msg=name)
+    with pytest.raises(ConfigError, match="speaker_adversary_weight"):
+        dataclasses.replace(cfg, vocoder=dataclasses.replace(_config(), input_mel_bins=0)).validate()
+
+
 @pytest.mark.parametrize("cmn", [0, 50])
 def test_the_neural_method_feeds_the_input_log_mel_for_any_chunking(tmp_path, speech, cmn):
     """A graph with the input log-mel, in the neural method: its stage computes the log-mel stream (mean-

@@ -321,3 +321,18 @@ def test_evaluation_directories_are_refused_by_name_and_libri_devclean_is_not():
     assert looks_like_eval_dir("so762_dev") and looks_like_eval_dir("dev-other") and looks_like_eval_dir("Test")
     assert not looks_like_eval_dir("libri_devclean") and not looks_like_eval_dir("so762_train")
     assert not looks_like_eval_dir("libri_clips")
+
+
+def test_the_speaker_adversary_and_no_gan_options_reach_the_recipe(shard_dir, tmp_path, capsys):
+    """``--speaker-adversary`` needs an input spectrum to read (refused without one); ``--no-gan`` keeps the
+    MPD/MSD losses off on any device (their start step is past the run's end)."""
+    from rtanon.cli import main
+
+    argv = ["train", "vocoder", "--data", str(shard_dir), "--shards", str(shard_dir), "--accelerator", "cpu",
+            "--steps", "1", "--threads", "1"]
+    assert main([*argv, "--out", str(tmp_path / "a"), "--speaker-adversary", "1"]) == 2
+    assert "speaker_adversary_weight" in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "b"), "--no-gan"]) == 0
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["adversarial_start_step"] == config["steps"] == 1
+    assert [json.loads(x).get("d_total") for x in (tmp_path / "b" / "train.log").read_text().splitlines()] == [0.0]

@@ -66,6 +66,14 @@ def register(sub) -> None:
                    help="with --input-mel: take from each input log-mel frame the mean of the last FRAMES frames of "
                         "20 ms (causal mean normalisation), leaving the speaker's average spectral shape out "
                         "(default 0 = off)")
+    p.add_argument("--speaker-adversary", type=float, default=0.0, metavar="W",
+                   help="with --input-mel: weight of a speaker classifier's cross-entropy on what the vocoder reads "
+                        "from the input spectrum (pooled over each training segment and the --input-cmn history "
+                        "before it), behind gradient reversal, so that the reading learns to hide the training "
+                        "speaker (default 0 = off; the shipped balanced recipe: 3)")
+    p.add_argument("--no-gan", action="store_true",
+                   help="train without the MPD/MSD adversarial losses on CUDA too (the CPU recipe's losses at a "
+                        "GPU's speed; on a CPU they are off anyway)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"steps between checkpoints (default {d.checkpoint_every})")
     p.add_argument("--accelerator", choices=("cpu", "cuda"), help="where torch trains (default: cuda when "
@@ -132,7 +140,8 @@ def run(args) -> int:
         content_model = load_checkpoint(args.content_weights)
     config = replace(TrainConfig(), vocoder=vocoder, steps=args.steps, checkpoint_every=args.checkpoint_every,
                      seed=args.seed, residual_start_step=args.residual_start_step,
-                     content_loss_weight=args.content_loss)
+                     content_loss_weight=args.content_loss, speaker_adversary_weight=args.speaker_adversary,
+                     adversarial_start_step=args.steps if args.no_gan else None)
     try:
         config.validate()
     except ValueError as exc:
