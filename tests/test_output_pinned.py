@@ -17,9 +17,9 @@ from rtanon.cli import main
 PINNED_PCM_SHA256 = {
     "mcadams": "405d127dd509c5c8d15bc147cfb8ed4b257c6c17fcbffbd8e417a38bfcfc9209",
     "neural strong": "3fc4dc79a67c11c261209523e8517cecb79620fb20e585cc8b4df85bbae383c4",
-    # the balanced vocoder (the default since 2026-11-25), taken when its mean-normalised input log-mel
-    # shipped (2026-11-26)
-    "neural balanced": "b0b38c64aa6d50c377b4567deead91e32a286642880244b4e03ce9925bc35a7a",
+    # the balanced vocoder (the default since 2026-11-25), taken when it shipped trained against a speaker
+    # adversary on its input spectrum's reading (2026-11-26)
+    "neural balanced": "d52d27e72f4510c835955d65f11145d3a297281f4822a7adb83b5a4b2533327b",
 }
 
 
