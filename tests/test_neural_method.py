@@ -149,6 +149,18 @@ def test_pinned_identity_is_used(random_vocoder, model, identity):
     assert s.voice["median_f0_hz"] == round(identity.median_f0_hz, 1)
 
 
+def test_the_voice_tag_stays_with_an_identity_and_tells_twins_apart(random_vocoder, identity):
+    from rtanon.live_control import describe_voice
+
+    cfg = replace(AnonymizerConfig(), method="neural", neural=NeuralConfig(vocoder_onnx=str(random_vocoder)))
+    anon = Anonymizer(cfg)
+    a, b = (anon.open_session(identity=identity).voice for _ in range(2))
+    assert a["tag"] == b["tag"] and a["tag"] in describe_voice(a)
+    twin = anon.open_session(identity=replace(identity, embedding=-identity.embedding)).voice
+    assert (twin["gender"], twin["median_f0_hz"]) == (a["gender"], a["median_f0_hz"])
+    assert twin["tag"] != a["tag"] and describe_voice(twin) != describe_voice(a)
+
+
 def test_a_new_voice_is_a_pseudo_speaker_unlike_the_old_one(random_vocoder):
     from rtanon.methods import NEW_VOICE_MAX_COSINE
 

@@ -86,7 +86,8 @@ def describe_voice(voice: dict) -> str:
         text = f"McAdams, coefficient {voice['alpha']:.3f}"
     elif voice.get("method") == "neural":
         gender = {"f": "female", "m": "male"}.get(voice.get("gender"), str(voice.get("gender", "")))
-        text = f"{gender} pseudo-speaker, median F0 {voice.get('median_f0_hz', 0):.0f} Hz"
+        tag = f" {voice['tag']}" if "tag" in voice else ""
+        text = f"{gender} pseudo-speaker{tag}, median F0 {voice.get('median_f0_hz', 0):.0f} Hz"
     else:
         text = ", ".join(f"{k} {v}" for k, v in voice.items())
     if "identity" in voice:

@@ -58,6 +58,12 @@ def identity_seed(identity) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+def voice_tag(identity) -> str:
+    """Four hex digits naming a pseudo-speaker (from its embedding, as :func:`identity_seed`): two voices
+    that share a gender and median F0 still read differently on a control page or in a log."""
+    return f"{identity_seed(identity) & 0xFFFF:04x}"
+
+
 class McAdamsMethod:
     """VoicePrivacy B2: McAdams coefficient drawn per session (or fixed by a
     pinned identity: McAdams has no speaker embedding, so the identity's
@@ -110,8 +116,8 @@ class NeuralMethod:
 
     def describe_voice(self, stages: list[Stage]) -> dict:
         ident = stages[0].identity
-        return {"method": self.name, "gender": ident.gender, "median_f0_hz": round(ident.median_f0_hz, 1),
-                "strategy": ident.strategy.get("name")}
+        return {"method": self.name, "tag": voice_tag(ident), "gender": ident.gender,
+                "median_f0_hz": round(ident.median_f0_hz, 1), "strategy": ident.strategy.get("name")}
 
 
 #: Method name -> factory taking the AnonymizerConfig.
