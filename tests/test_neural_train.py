@@ -149,6 +149,9 @@ def test_rtanon_train_vocoder_trains_resumes_and_exports(shard_dir, tmp_path, ca
     out = capsys.readouterr().out
     assert "stopped at step 1" in out and "stopped at step 2" in out
     assert [json.loads(x)["step"] for x in (run / "train.log").read_text().splitlines()] == [1, 2]
+    # out of time after one more step, between log lines: it still names the step its weights are at
+    assert main([*argv, "--steps", "100", "--max-minutes", "0"]) == 0
+    assert "stopped at step 3;" in capsys.readouterr().out
     meta = read_onnx_config(run / "vocoder.onnx")
     assert meta.units_dim == K and meta.speaker_dim == D and meta.prenet_dilations == VocoderConfig().prenet_dilations
 
