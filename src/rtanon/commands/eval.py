@@ -45,7 +45,7 @@ def register(sub) -> None:
                    help=f"worker processes (default: {d.jobs})")
     p.add_argument("--keep-anonymized", action="store_true",
                    help="reuse anonymized audio already in DIR/systems (only when the method has not changed)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress bars: one line per stage as it ends (for logs)")
     p.set_defaults(func=run)
 
 

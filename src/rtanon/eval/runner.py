@@ -30,6 +30,7 @@ settings) and the evaluated method when it is not McAdams.
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -134,9 +135,17 @@ class _Pool:
 
     def run(self, fn, arglist: list[tuple], *, desc: str, weights: list[int] | None = None,
             unit: str = "utt", progress: bool = True) -> list:
+        t0 = time.perf_counter()
+        results = self._run(fn, arglist, desc=desc, weights=weights or [1] * len(arglist), unit=unit,
+                            progress=progress)
+        if not progress:  # quiet: one line per stage, so a log shows where a long run is
+            print(f"{desc}: {len(arglist)} tasks done in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                  flush=True)
+        return results
+
+    def _run(self, fn, arglist: list[tuple], *, desc: str, weights: list[int], unit: str, progress: bool) -> list:
         from tqdm import tqdm
 
-        weights = weights or [1] * len(arglist)
         results: list = [None] * len(arglist)
         with tqdm(total=sum(weights), desc=desc, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
             if self._ex is None:
