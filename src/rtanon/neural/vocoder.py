@@ -356,6 +356,11 @@ class HarmonicNoiseVocoder(nn.Module):
         audio, new_state = self._step(units, f0_hz, speaker, noise, state)
         return (audio, *new_state)
 
+    def input_cepstra(self, mel: torch.Tensor) -> torch.Tensor:
+        """Cepstra 1..C ``(B, C, L)`` of the input log-mel ``(B, L, bins)``, scaled to about unit size: what
+        the ``mel_in`` convolution reads."""
+        return 0.25 * torch.einsum("cm,blm->bcl", self.input_dct, mel)
+
     def _step(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
               state: tuple[torch.Tensor, ...], residual: bool = True):
         self._check(units, f0_hz, speaker, noise, state)
@@ -368,8 +373,8 @@ class HarmonicNoiseVocoder(nn.Module):
             units, mel_in = units[:, :, :k], units[:, :, k:]
         units = 4.0 * units / torch.sqrt((units * units).sum(-1, keepdim=True) + 1e-8)
         x = self.conv_pre(units.transpose(1, 2), cur, new) + self.spk_pre(speaker)[:, :, None]
-        if mel_in is not None:  # cepstra 1..C, scaled to about unit size
-            x = x + self.mel_in(0.25 * torch.einsum("cm,blm->bcl", self.input_dct, mel_in), cur, new)
+        if mel_in is not None:
+            x = x + self.mel_in(self.input_cepstra(mel_in), cur, new)
         for conv in self.prenet:
             x = x + conv(F.leaky_relu(x, 0.1), cur, new)
         e = self.env_head(F.leaky_relu(x, 0.1))  # (B, 4 M, L) -> (B, 2 M, 2 L)

@@ -147,7 +147,7 @@ def speaker_reading(gen, spectrum: np.ndarray, first: np.ndarray, device):
     speaker adversary's view of a segment with the history before it, as an attacker pools an utterance."""
     import torch
 
-    cep = 0.25 * torch.einsum("cm,blm->bcl", gen.input_dct, torch.from_numpy(spectrum).to(device))
+    cep = gen.input_cepstra(torch.from_numpy(spectrum).to(device))
     reading = gen.mel_in.conv(torch.nn.functional.pad(cep, (gen.mel_in.context, 0)))
     valid = torch.arange(spectrum.shape[1], device=device)[None] >= torch.from_numpy(first).to(device)[:, None]
     return reading, valid
@@ -281,6 +281,7 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     record: dict = {}
     log = open(run_dir / "train.log", "a")
     t_last = t_start = time.perf_counter()
+    logged = step
     try:
         gen.train()
         disc.train()
@@ -363,18 +364,18 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
             if not math.isfinite(parts["total"]):
                 raise FloatingPointError(f"non-finite generator loss at step {step}: {parts}")
 
-            if step % config.log_every == 0 or step == end:
+            out_of_time = max_minutes is not None and time.perf_counter() - t_start > 60.0 * max_minutes
+            if step % config.log_every == 0 or step == end or out_of_time:  # the last step is always logged
                 now = time.perf_counter()
                 record = {"step": step, **{f"g_{k}": round(v, 5) for k, v in parts.items()},
                           "d_total": round(d_loss_value, 5), "grad_norm_g": round(grad_norm, 3),
-                          "lr": sched_g.get_last_lr()[0], "sec_per_step": round((now - t_last) / config.log_every, 4),
+                          "lr": sched_g.get_last_lr()[0], "sec_per_step": round((now - t_last) / (step - logged), 4),
                           "device": device}
-                t_last = now
+                t_last, logged = now, step
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 if on_log:
                     on_log(record)
-            out_of_time = max_minutes is not None and time.perf_counter() - t_start > 60.0 * max_minutes
             if step % config.checkpoint_every == 0 or step == end or out_of_time:
                 save(step)
             if out_of_time:

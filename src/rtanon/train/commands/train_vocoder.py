@@ -148,10 +148,8 @@ def run(args) -> int:
         raise CliError(str(exc)) from None
     print(f"{len(data)} utterances, {data.total_seconds / 3600:.2f} h, {data.embeddings.shape[0]} speakers; "
           f"training on {device}; log: {args.out / 'train.log'}", flush=True)
-    train_vocoder(config, data, args.out, device=device, max_minutes=args.max_minutes,
-                  on_log=lambda r: print(json.dumps(r), flush=True), content_model=content_model)
-    gen_path = args.out / "generator.pt"
-    onnx_path = export_vocoder_onnx(load_generator(gen_path), args.out / "vocoder.onnx")
-    step = torch.load(gen_path, map_location="cpu", weights_only=True)["step"]  # a run out of time may not log it
-    print(f"stopped at step {step}; weights {gen_path}, graph {onnx_path}")
+    last = train_vocoder(config, data, args.out, device=device, max_minutes=args.max_minutes,
+                         on_log=lambda r: print(json.dumps(r), flush=True), content_model=content_model)
+    onnx_path = export_vocoder_onnx(load_generator(args.out / "generator.pt"), args.out / "vocoder.onnx")
+    print(f"stopped at step {last.get('step')}; weights {args.out / 'generator.pt'}, graph {onnx_path}")
     return 0
