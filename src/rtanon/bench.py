@@ -74,8 +74,8 @@ def bench_compute(anonymizer: Anonymizer, signal: np.ndarray) -> dict:
     stage_lat.update({type(s).__name__: s.latency_samples for s in session.stages})
     stages = {name: {"latency_ms": 1000.0 * stage_lat.get(name, 0) / SAMPLE_RATE_HZ, **_stats(ns, audio_s)}
               for name, ns in session.times.by_stage.items()}
-    for s in parts:  # sub-parts of a composite stage (the neural voice), indented under it
-        stages.update({f"  {name}": {"latency_ms": 0.0, **_stats(ns, audio_s)} for name, ns in s.part_times.items()})
+    for s in parts:  # sub-parts of a composite stage (the neural voice), under its "parts" key
+        stages[type(s).__name__]["parts"] = {name: _stats(ns, audio_s) for name, ns in s.part_times.items()}
     extra = {}
     if anonymizer.config.method == "neural":
         backend = anonymizer.method.model.backend

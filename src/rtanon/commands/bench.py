@@ -80,6 +80,9 @@ def run(args) -> int:
     for name, s in result["stages"].items():
         print(f"{name:<16}{s['latency_ms']:>12.1f}{s['compute_p50_ms']:>10.3f}{s['compute_p99_ms']:>10.3f}"
               f"{s['compute_max_ms']:>10.3f}{s['rtf']:>9.4f}")
+        for part, p in s.get("parts", {}).items():  # a composite stage's parts, indented under it
+            print(f"{'  ' + part:<16}{'':>12}{p['compute_p50_ms']:>10.3f}{p['compute_p99_ms']:>10.3f}"
+                  f"{p['compute_max_ms']:>10.3f}{p['rtf']:>9.4f}")
     if args.stage is None:
         print(f"{'total':<16}{result['algorithmic_latency_ms']:>12.1f}{result['compute_p50_ms']:>10.3f}"
               f"{result['compute_p99_ms']:>10.3f}{result['compute_max_ms']:>10.3f}{result['rtf']:>9.4f}")
