@@ -299,3 +299,72 @@ def test_spec_augment_masks_bands_and_spans_within_bounds():
     y = np.ones((64, 80, 300), np.float32)
     spec_augment(y, np.random.default_rng(0), 0, 0, 10, 10)
     assert (y == 1).all()
+
+
+def test_pitch_perturbed_crops_read_the_copy_with_the_original_targets(tmp_path):
+    """With --pitch-prob 1 every crop comes from the cache's pitch copy (here the staircase negated,
+    written where build_pitch_copy would find it) and keeps the original frame's targets."""
+    import json
+
+    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.train.content import TrainConfig, _Batches
+    from rtanon.train.perturb import PITCH_FILE
+    from rtanon.train.teacher import CorpusCache
+
+    n_frames = 180
+    root = tmp_path / "fake"
+    root.mkdir()
+    frame = np.arange(n_frames)
+    staircase = np.round(np.repeat(frame / 200.0, 320) * 32767).astype(np.int16)
+    np.save(root / "audio.npy", staircase)
+    np.save(root / PITCH_FILE, -staircase)
+    np.save(root / "units_K128.npy", (frame % 128).astype(np.int16))
+    np.save(root / "teacher.npy", np.repeat(frame[:, None], 4, axis=1).astype(np.float16))
+    (root / "index.json").write_text(json.dumps({"utts": ["u"], "spk": ["s"], "audio_offset": [0],
+                                                 "audio_len": [n_frames * 320], "frame_offset": [0],
+                                                 "frame_len": [n_frames]}))
+    norm = (np.zeros(4, np.float32), np.ones(4, np.float32))
+    for prob, sign in ((1.0, -1.0), (0.0, 1.0)):
+        cfg = TrainConfig(data_dirs=[], out_dir=tmp_path, batch_size=4, crop_frames=150, pitch_prob=prob,
+                          gain_db_range=(0.0, 0.0), model=ContentModelConfig())
+        audio, units, _, teacher = _Batches([CorpusCache.load(root)], 128, cfg, np.random.default_rng(0),
+                                            teacher_norm=norm)()
+        mid = audio[:, :150 * 320].reshape(4, 150, 320)[:, :, 100:220].mean(2) * 200.0
+        assert np.abs(mid - sign * teacher[:, :, 0]).max() < 0.5
+        assert np.all(units == teacher[:, :, 0].astype(int) % 128)
+
+
+def test_world_pitch_copy_scales_f0_and_keeps_length_and_timing(tmp_path, shared_data):
+    import json
+
+    pyworld = pytest.importorskip("pyworld")
+    from rtanon.audio_io import read_audio
+    from rtanon.kaldi import KaldiDir
+    from rtanon.train.perturb import build_pitch_copy, pitch_factor
+    from rtanon.train.teacher import CorpusCache
+
+    kd = KaldiDir.load(shared_data / "so762_train")
+    xs = [np.round(read_audio(kd.wav[u]) * 32767).astype(np.int16) for u in sorted(kd.wav)[:3]]
+    root = tmp_path / "c"
+    root.mkdir()
+    np.save(root / "audio.npy", np.concatenate(xs))
+    offsets = np.cumsum([0] + [len(x) for x in xs[:-1]]).tolist()
+    (root / "index.json").write_text(json.dumps({"utts": ["a", "b", "c"], "spk": ["s"] * 3, "audio_offset": offsets,
+                                                 "audio_len": [len(x) for x in xs], "frame_offset": [0, 0, 0],
+                                                 "frame_len": [len(x) // 320 for x in xs]}))
+    cache = CorpusCache.load(root)
+    copy = np.asarray(build_pitch_copy(cache, (0.6, 1.6), seed=3, jobs=2))
+    assert copy.shape == cache.audio().shape and copy.dtype == np.int16
+    assert np.array_equal(np.asarray(build_pitch_copy(cache, (0.6, 1.6), seed=3)), copy)  # read back, not rebuilt
+
+    def median_f0(x):
+        f0, _ = pyworld.harvest(x.astype(np.float64) / 32767.0, 16000)
+        return np.median(f0[f0 > 0])
+
+    for i, (x, o) in enumerate(zip(xs, offsets)):
+        y = copy[o:o + len(x)]
+        ratio = median_f0(y) / median_f0(x)
+        assert abs(np.log(ratio / pitch_factor(3, i, (0.6, 1.6)))) < 0.1
+        env_x = np.convolve(np.abs(x.astype(np.float64)), np.ones(800), "same")  # syllable timing kept
+        env_y = np.convolve(np.abs(y.astype(np.float64)), np.ones(800), "same")
+        assert np.corrcoef(env_x, env_y)[0, 1] > 0.8
