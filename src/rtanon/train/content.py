@@ -66,10 +66,6 @@ class TrainConfig:
     gain_db_range: tuple[float, float] = (-12.0, 6.0)
     speed_factors: tuple[float, ...] = (0.9, 1.1)  # speed perturbation (1.0 is always possible too)
     speed_prob: float = 0.0  # share of crops speed-perturbed
-    # ContentVec-style speaker perturbation: share of crops read from a WORLD resynthesis with the F0 scaled
-    # (one factor per utterance, log-uniform in pitch_range), trained on the unperturbed utterance's targets
-    pitch_prob: float = 0.0
-    pitch_range: tuple[float, float] = (0.55, 1.8)
     teacher_weight: float = 0.0  # weight of the L1 regression of the teacher features from z
     # SpecAugment (Park et al. 2019) on the normalised log-mel of every crop, targets unchanged: this many
     # frequency masks of up to freq_mask_max bands and time masks of up to time_mask_max 10 ms frames
@@ -94,8 +90,6 @@ class TrainConfig:
             raise ValueError("max_steps must be >= 1")
         if not 0.0 <= self.speed_prob <= 1.0 or any(not 0.7 <= f <= 1.3 for f in self.speed_factors):
             raise ValueError("speed_prob must be in [0, 1] and every speed factor in [0.7, 1.3]")
-        if not 0.0 <= self.pitch_prob <= 1.0 or not 0.25 <= self.pitch_range[0] <= 1.0 <= self.pitch_range[1] <= 4.0:
-            raise ValueError("pitch_prob must be in [0, 1] and pitch_range within [0.25, 4] around 1")
         if min(self.freq_masks, self.time_masks) < 0 or not 1 <= self.freq_mask_max <= self.model.n_mels // 2 \
                 or not 1 <= self.time_mask_max <= self.crop_frames:
             raise ValueError("freq_masks/time_masks must be >= 0, freq_mask_max 1..n_mels/2 and time_mask_max "
@@ -133,12 +127,6 @@ class _Batches:
         self.cfg, self.rng = cfg, rng
         self.items = []  # (cache index, utt index)
         self.audio = [c.audio(mmap=False) for c in caches]
-        self.pitch_audio = None
-        if cfg.pitch_prob > 0:
-            from rtanon.train.perturb import build_pitch_copy
-
-            self.pitch_audio = [np.asarray(build_pitch_copy(c, cfg.pitch_range, cfg.seed, jobs=cfg.threads))
-                                for c in caches]
         self.units = [c.units(k) for c in caches]
         self.teacher = [c.teacher(mmap=True) for c in caches] if teacher_norm is not None else None
         self.teacher_norm = teacher_norm
@@ -173,10 +161,7 @@ class _Batches:
             n_src = min(nf, int(np.ceil(n * down / up)))  # source frames that fill at most n output frames
             s = int(rng.integers(0, nf - n_src + 1))
             a0 = int(c.audio_offset[ui]) + s * FRAME_SAMPLES
-            source = self.audio
-            if self.pitch_audio is not None and rng.random() < cfg.pitch_prob:
-                source = self.pitch_audio
-            x = source[ci][a0:a0 + n_src * FRAME_SAMPLES].astype(np.float32) / 32767.0
+            x = self.audio[ci][a0:a0 + n_src * FRAME_SAMPLES].astype(np.float32) / 32767.0
             if factor != 1.0:
                 x = resample_poly(x, up, down).astype(np.float32)
             m = min(n, len(x) // FRAME_SAMPLES)

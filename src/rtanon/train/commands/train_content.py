@@ -44,11 +44,6 @@ def register(sub) -> None:
                         f"cross-entropy (default {d.teacher_weight}: units only)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
-    p.add_argument("--pitch-prob", type=float, default=d.pitch_prob, metavar="P",
-                   help="share of crops read from a WORLD resynthesis of their utterance with the F0 scaled by "
-                        f"{d.pitch_range[0]}..{d.pitch_range[1]} (one factor per utterance, built once into the "
-                        "cache with pyworld) and trained on the unperturbed utterance's targets, as ContentVec "
-                        f"does (default {d.pitch_prob}: off)")
     p.add_argument("--freq-masks", type=int, default=d.freq_masks, metavar="N",
                    help=f"SpecAugment: frequency masks of up to {d.freq_mask_max} mel bands per crop "
                         f"(default {d.freq_masks})")
@@ -74,7 +69,7 @@ def run(args) -> int:
                                     dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames,
                                     cmn_frames=args.cmn_frames),
                       max_steps=args.max_steps, max_minutes=args.max_minutes, threads=args.threads,
-                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, pitch_prob=args.pitch_prob,
+                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob,
                       freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()
