@@ -366,22 +366,3 @@ def test_package_vocoder_ships_half_precision_weights_and_their_own_graph(tmp_pa
     with torch.no_grad():
         np.testing.assert_allclose(out, shipped(units, f0, spk, noise).numpy(), atol=1e-4, rtol=0)
         assert (shipped(units, f0, spk, noise) - model(units, f0, spk, noise)).abs().max() < 0.05
-
-
-def test_warm_start_adds_input_cepstra_at_zero(tmp_path):
-    """A checkpoint reading fewer cepstra warm-starts a model reading more that computes what it did,
-    whatever the new cepstra say; the old cepstra keep their weights."""
-    from rtanon.neural.vocoder import HarmonicNoiseVocoder
-    from rtanon.train.vocoder import warm_start
-
-    old_cfg = dataclasses.replace(_config(), input_cepstra=8)
-    old = _model(config=old_cfg)
-    torch.save({"generator": old.state_dict(), "config": dataclasses.asdict(old_cfg), "step": 5},
-               tmp_path / "old.pt")
-    new = HarmonicNoiseVocoder(_config()).eval()
-    new.load_state_dict(warm_start(tmp_path / "old.pt", _config())["generator"])
-    units, f0, spk, noise = _inputs()
-    with torch.no_grad():
-        np.testing.assert_allclose(new(units, f0, spk, noise).numpy(), old(units, f0, spk, noise).numpy(),
-                                   atol=1e-6, rtol=0)
-        assert new.mel_in.conv.weight[:, 8:].abs().max() == 0 and new.mel_in.conv.weight[:, :8].abs().max() > 0

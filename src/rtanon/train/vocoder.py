@@ -155,9 +155,8 @@ def speaker_reading(gen, spectrum: np.ndarray, first: np.ndarray, device):
 
 def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
     """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may have fewer
-    pre-net convolutions, no input log-mel convolution (``input_mel_bins``) or fewer ``input_cepstra``: the
-    missing ones start at zero (weight-norm gain 0; the new cepstra's weights 0), so the new model computes
-    what the old one did and training then grows them.
+    pre-net convolutions or no input log-mel convolution (``input_mel_bins``): the missing ones start at
+    zero (weight-norm gain 0), so the new model computes what the old one did and training then grows them.
     Every other weight must match in shape."""
     import torch
 
@@ -165,14 +164,8 @@ def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
 
     old = load_generator(path)
     model = HarmonicNoiseVocoder(vocoder_config)
-    state = old.state_dict()
-    if old.mel_in is not None and model.mel_in is not None:  # more input cepstra: the new ones start at zero
-        for key, w in model.mel_in.state_dict().items():
-            k = "mel_in." + key
-            if w.ndim == 3 and k in state and state[k].shape[1] < w.shape[1]:
-                state[k] = torch.nn.functional.pad(state[k], (0, 0, 0, w.shape[1] - state[k].shape[1]))
     try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(old.state_dict(), strict=False)
     except RuntimeError as exc:  # a shape mismatch
         raise ConfigError(f"{path} does not fit the vocoder config: {str(exc).splitlines()[-1].strip()}") from None
     if unexpected or any(not k.startswith(("prenet.", "mel_in.")) for k in missing):
