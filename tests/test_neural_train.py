@@ -153,6 +153,9 @@ def test_rtanon_train_vocoder_trains_resumes_and_exports(shard_dir, tmp_path, ca
     assert main([*argv, "--steps", "100", "--max-minutes", "0"]) == 0
     assert "stopped at step 3;" in capsys.readouterr().out
     assert json.loads((run / "train.log").read_text().splitlines()[-1])["step"] == 3
+    # already at its last step: nothing to train, and it still names the step
+    assert main([*argv, "--steps", "3"]) == 0
+    assert "stopped at step 3;" in capsys.readouterr().out
     meta = read_onnx_config(run / "vocoder.onnx")
     assert meta.units_dim == K and meta.speaker_dim == D and meta.prenet_dilations == VocoderConfig().prenet_dilations
 

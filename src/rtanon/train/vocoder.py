@@ -193,8 +193,9 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                   on_log: Callable[[dict], None] | None = None, max_minutes: float | None = None,
                   content_model=None) -> dict:
     """Trains (or resumes training of) the vocoder until ``config.steps`` (or ``max_steps`` more steps in
-    this call, or until ``max_minutes`` of wall clock, with a checkpoint). Returns the last log record. See
-    the module docstring for the run directory.
+    this call, or until ``max_minutes`` of wall clock, with a checkpoint). Returns the last log record
+    (``{"step": N}`` alone when the run was already at its last step). See the module docstring for the
+    run directory.
 
     ``content_model``: the torch ``ContentEncoder`` whose ``z`` fills the shards
     (``rtanon.train.content.load_checkpoint``), needed when ``config.content_loss_weight`` > 0; it is frozen
@@ -382,6 +383,6 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                 break
     finally:
         log.close()
-    return record
+    return record or {"step": step}  # a run already at its last step trains nothing: where it stands
 
 
