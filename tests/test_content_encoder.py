@@ -299,3 +299,66 @@ def test_spec_augment_masks_bands_and_spans_within_bounds():
     y = np.ones((64, 80, 300), np.float32)
     spec_augment(y, np.random.default_rng(0), 0, 0, 10, 10)
     assert (y == 1).all()
+
+
+def test_synthetic_room_keeps_the_direct_path_and_decays_as_asked():
+    from rtanon.train.perturb import synthetic_rir
+
+    rng = np.random.default_rng(0)
+    for rt60, drr in ((0.3, 0.0), (0.8, 9.0)):
+        h = synthetic_rir(rng, rt60, drr)
+        assert h[0] == 1.0 and len(h) == int(rt60 * 16000)
+        assert abs(10 * np.log10(1.0 / np.sum(h[1:] ** 2)) - drr) < 1e-6
+        tail = h[np.flatnonzero(h[1:])[0] + 1:]
+        first, last = (np.sqrt(np.mean(tail[i:i + 800] ** 2)) for i in (0, len(tail) - 800))
+        assert -66 < 20 * np.log10(last / first) < -48  # about 60 dB down at RT60
+
+
+def test_room_and_noise_keeps_length_level_and_timing(utterance):
+    from rtanon.train.perturb import room_and_noise
+
+    x = utterance[:48000].astype(np.float32)
+    rng = np.random.default_rng(1)
+    for _ in range(8):
+        y = room_and_noise(x, rng)
+        assert y.shape == x.shape and y.dtype == np.float32
+        assert abs(np.sqrt(np.mean(y ** 2)) / np.sqrt(np.mean(x ** 2)) - 1) < 1e-3
+        assert not np.allclose(y, x, atol=1e-3)
+        lags = np.arange(-160, 161)
+        xc = [np.dot(x[160:-160], y[160 + lag:len(y) - 160 + lag]) for lag in lags]
+        assert lags[int(np.argmax(xc))] == 0  # the direct path: nothing is shifted against the targets
+
+
+def test_room_perturbed_crops_keep_their_targets(tmp_path):
+    import json
+
+    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.train.content import TrainConfig, _Batches
+    from rtanon.train.teacher import CorpusCache
+
+    n_frames = 180
+    root = tmp_path / "fake"
+    root.mkdir()
+    frame = np.arange(n_frames)
+    carrier = 1.0 + 0.5 * np.sin(2 * np.pi * 1000 * np.arange(320) / 16000)  # 20 whole periods a frame
+    np.save(root / "audio.npy", np.round(np.outer(frame / 400.0, carrier).ravel() * 32767).astype(np.int16))
+    np.save(root / "units_K128.npy", (frame % 128).astype(np.int16))
+    np.save(root / "teacher.npy", np.repeat(frame[:, None], 4, axis=1).astype(np.float16))
+    (root / "index.json").write_text(json.dumps({"utts": ["u"], "spk": ["s"], "audio_offset": [0],
+                                                 "audio_len": [n_frames * 320], "frame_offset": [0],
+                                                 "frame_len": [n_frames]}))
+    norm = (np.zeros(4, np.float32), np.ones(4, np.float32))
+    cfg = TrainConfig(data_dirs=[], out_dir=tmp_path, batch_size=4, crop_frames=150, room_prob=1.0,
+                      gain_db_range=(0.0, 0.0), model=ContentModelConfig())
+    audio, units, _, teacher = _Batches([CorpusCache.load(root)], 128, cfg, np.random.default_rng(0),
+                                        teacher_norm=norm)()
+    assert np.all(units == teacher[:, :, 0].astype(int) % 128)
+    framewise = audio.reshape(4, 150, 320).mean(2) * 400.0
+    for b in range(4):
+        clean = np.outer(teacher[b, :, 0] / 400.0, carrier).ravel()
+        assert np.sqrt(np.mean((audio[b] - clean) ** 2)) > 0.01  # the samples were changed
+        assert np.corrcoef(framewise[b], teacher[b, :, 0])[0, 1] > 0.9  # and not moved in time
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "wav.scp").write_text("")
+    with pytest.raises(ValueError, match="room_prob"):
+        TrainConfig(data_dirs=[tmp_path / "d"], out_dir=tmp_path, room_prob=1.5).validate()
