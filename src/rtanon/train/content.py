@@ -40,7 +40,6 @@ from rtanon.train.teacher import (TEACHER_DIM, CorpusCache, assign_units, build_
                                      fit_units)
 from rtanon.neural.input_mel import mel_filterbank
 from rtanon.train.content_config import ContentModelConfig
-from rtanon.train.perturb import room_and_noise
 
 log = logging.getLogger("rtanon.train.content")
 
@@ -67,7 +66,6 @@ class TrainConfig:
     gain_db_range: tuple[float, float] = (-12.0, 6.0)
     speed_factors: tuple[float, ...] = (0.9, 1.1)  # speed perturbation (1.0 is always possible too)
     speed_prob: float = 0.0  # share of crops speed-perturbed
-    room_prob: float = 0.0  # share of crops through a synthetic room and/or noise (targets unchanged)
     teacher_weight: float = 0.0  # weight of the L1 regression of the teacher features from z
     # SpecAugment (Park et al. 2019) on the normalised log-mel of every crop, targets unchanged: this many
     # frequency masks of up to freq_mask_max bands and time masks of up to time_mask_max 10 ms frames
@@ -92,8 +90,6 @@ class TrainConfig:
             raise ValueError("max_steps must be >= 1")
         if not 0.0 <= self.speed_prob <= 1.0 or any(not 0.7 <= f <= 1.3 for f in self.speed_factors):
             raise ValueError("speed_prob must be in [0, 1] and every speed factor in [0.7, 1.3]")
-        if not 0.0 <= self.room_prob <= 1.0:
-            raise ValueError("room_prob must be in [0, 1]")
         if min(self.freq_masks, self.time_masks) < 0 or not 1 <= self.freq_mask_max <= self.model.n_mels // 2 \
                 or not 1 <= self.time_mask_max <= self.crop_frames:
             raise ValueError("freq_masks/time_masks must be >= 0, freq_mask_max 1..n_mels/2 and time_mask_max "
@@ -172,8 +168,6 @@ class _Batches:
             x = x[:m * FRAME_SAMPLES]
             # the source frame under the centre of each output frame
             src = np.minimum(((2 * np.arange(m) + 1) * down) // (2 * up), n_src - 1) + int(c.frame_offset[ui]) + s
-            if cfg.room_prob > 0 and rng.random() < cfg.room_prob:
-                x = room_and_noise(x, rng)
             audio[b, :len(x)] = self.gain_and_noise(x)
             units[b, :m] = self.units[ci][src]
             if teacher is not None:

@@ -44,10 +44,6 @@ def register(sub) -> None:
                         f"cross-entropy (default {d.teacher_weight}: units only)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
-    p.add_argument("--room-prob", type=float, default=d.room_prob, metavar="P",
-                   help="share of crops reverberated through a synthetic room (RT60 0.15-0.9 s) and/or mixed with "
-                        "coloured noise (SNR 5-25 dB), trained on the clean utterance's targets "
-                        f"(default {d.room_prob}: off)")
     p.add_argument("--freq-masks", type=int, default=d.freq_masks, metavar="N",
                    help=f"SpecAugment: frequency masks of up to {d.freq_mask_max} mel bands per crop "
                         f"(default {d.freq_masks})")
@@ -73,7 +69,7 @@ def run(args) -> int:
                                     dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames,
                                     cmn_frames=args.cmn_frames),
                       max_steps=args.max_steps, max_minutes=args.max_minutes, threads=args.threads,
-                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob, room_prob=args.room_prob,
+                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob,
                       freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()
