@@ -56,9 +56,6 @@ class VocoderConfig:
     #: envelope, harmonics synthesised (those below 7.8 kHz), and taps of the per-frame noise FIR (linear
     #: phase, delay taps/2 samples). The upsampling stack adds a learnt residual to the synthesised speech.
     envelope_points: int = 48
-    #: Formant postfilter at run time (0 = off): the harmonic envelope's deviation from its own smoothed
-    #: shape (5-point moving average over the envelope points) is scaled by 1 + this, the frame's energy kept.
-    envelope_sharpen: float = 0.0
     envelope_harmonics: int = 64
     noise_taps: int = 64
     #: Normalisation of the log-F0 conditioning (the shipped model's: the log of its training F0 mean).

@@ -275,12 +275,6 @@ class HarmonicNoiseVocoder(nn.Module):
         with torch.no_grad():  # start quiet: harmonics about -40 dB, noise about -50 dB
             self.env_head.weight.mul_(0.1)
             self.env_head.bias.copy_(torch.tensor([-4.5] * m + [-5.5] * m).repeat(2))
-        if config.envelope_sharpen:
-            smooth = torch.zeros(m, m)
-            for i in range(m):
-                lo, hi = max(0, i - 2), min(m, i + 3)
-                smooth[i, lo:hi] = 1.0 / (hi - lo)
-            self.register_buffer("env_smooth", smooth, persistent=False)
         self.source = EnvelopeSynth(slots, config)
         self.ups = nn.ModuleList()
         self.spk_film = nn.ModuleList()
@@ -386,12 +380,7 @@ class HarmonicNoiseVocoder(nn.Module):
         e = self.env_head(F.leaky_relu(x, 0.1))  # (B, 4 M, L) -> (B, 2 M, 2 L)
         e = e.reshape(b, 2, -1, e.shape[2]).permute(0, 2, 3, 1).reshape(b, -1, 2 * e.shape[2])
         m = self.config.envelope_points
-        harm = e[:, :m]
-        if self.config.envelope_sharpen:  # formant postfilter: more contrast, the same frame energy
-            sharp = harm + self.config.envelope_sharpen * (harm - torch.einsum("mn,bnf->bmf", self.env_smooth, harm))
-            harm = sharp + 0.5 * (torch.logsumexp(2.0 * harm, 1, keepdim=True) - torch.logsumexp(2.0 * sharp, 1,
-                                                                                                  keepdim=True))
-        src = self.source(f0_hz, harm, e[:, m:], noise, cur, new)
+        src = self.source(f0_hz, e[:, :m], e[:, m:], noise, cur, new)
         if not residual:
             return torch.tanh(src)[:, 0, :], None
         hist = torch.cat((cur[self.source_slot], src), dim=2)
