@@ -184,12 +184,18 @@ def test_utility_splits_errors_and_leaves_runaways_out_beside_the_wer():
     from rtanon.eval.runner import _utility
 
     refs = {"u1": "bill likes yellow".split(), "u2": "a b c d".split()}
-    anon = {"text": {"u1": "here likes yellow", "u2": "a b " + "blue " * 40}, "f0": {}}
-    out = _utility({"f0": {}}, anon, refs)
+    anon = {"text:tiny.en": {"u1": "here likes yellow", "u2": "a b " + "blue " * 40},
+            "text:base": {"u1": "bill likes yellow", "u2": "a b c"}, "f0": {},
+            "phones": {"u1": "b u l l aɪ k s j ɛ l oʊ".split(), "u2": ["eɪ"]}}
+    ref_phones = {"u1": "b ɪ l l aɪ k s j ɛ l oʊ".split(), "u2": ["eɪ", "b", "i"]}
+    out = _utility({"f0": {}}, anon, refs, ("tiny.en", "base"), ref_phones)
     assert out["wer_words"] == 7 and out["asr_runaways"] == ["u2"]
     assert out["wer"] == pytest.approx((1 + 2 + 38) / 7)  # u2: c, d substituted, 38 blues inserted
     assert out["wer_split"] == pytest.approx({"substitutions": 3 / 7, "deletions": 0.0, "insertions": 38 / 7})
     assert out["wer_without_runaways"] == pytest.approx(1 / 3)
+    assert out["asr"]["tiny.en"]["wer"] == out["wer"]  # the first model is the headline
+    assert out["asr"]["base"]["wer"] == pytest.approx(1 / 7) and out["asr"]["base"]["asr_runaways"] == []
+    assert out["per"] == pytest.approx((1 + 2) / 14) and out["per_phones"] == 14
 
 
 def test_word_errors():

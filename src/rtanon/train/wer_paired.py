@@ -92,10 +92,13 @@ def from_eval(args) -> int:
     else:
         root = (Path(args.eval_dir) / "systems" / args.system / "dev").resolve()
         wanted = {str(p): p.stem for p in root.rglob("*.wav")}
+    from rtanon.eval._worker import analyzer_names
+
+    tag = analyzer_names(args.beam_size, (args.asr,))[f"text:{args.asr}"]
     hyps = {}
     for key, text in cached.items():
-        path = key.split("|")[1]
-        if path in wanted:
+        analyzer, path = key.split("|")[:2]
+        if analyzer == tag and path in wanted:
             hyps[wanted[path]] = text
     rows = []
     for utt in sorted(u for u in data.wav if u in data.text):
@@ -173,6 +176,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     e.add_argument("system", help="original, mcadams, neural, ...")
     e.add_argument("data", help="the Kaldi-style directory it evaluated (for the reference texts)")
     e.add_argument("out", help="per-utterance results (JSON)")
+    e.add_argument("--asr", default="tiny.en", choices=("tiny.en", "base"),
+                   help="whose cached transcripts (default tiny.en)")
+    e.add_argument("--beam-size", type=int, default=2, help="the evaluation's --asr-beam-size (default 2)")
     e.set_defaults(func=from_eval)
     args = ap.parse_args(argv)
     return args.func(args)
