@@ -322,12 +322,16 @@ def test_the_vocoder_records_the_content_encoder_of_its_shards(tmp_path, capsys)
 
 
 
-def test_evaluation_directories_are_refused_by_name_and_libri_devclean_is_not():
+def test_evaluation_directories_are_refused_by_name_libri_devclean_included(shared_data):
+    from rtanon.train.content import TrainConfig as ContentTrainConfig
     from rtanon.train.shards import looks_like_eval_dir
 
     assert looks_like_eval_dir("so762_dev") and looks_like_eval_dir("dev-other") and looks_like_eval_dir("Test")
-    assert not looks_like_eval_dir("libri_devclean") and not looks_like_eval_dir("so762_train")
-    assert not looks_like_eval_dir("libri_clips")
+    assert looks_like_eval_dir("libri_devclean") and looks_like_eval_dir("test_clean")
+    assert not looks_like_eval_dir("so762_train") and not looks_like_eval_dir("libri_clips")
+    assert not looks_like_eval_dir("device_recordings")
+    with pytest.raises(ValueError, match="evaluation only"):  # the content encoder's recipe refuses it too
+        ContentTrainConfig(data_dirs=[shared_data / "libri_devclean"], out_dir=shared_data).validate()
 
 
 def test_the_speaker_adversary_and_no_gan_options_reach_the_recipe(shard_dir, tmp_path, capsys):

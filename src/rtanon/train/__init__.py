@@ -21,6 +21,8 @@ Both, and research tools (``rtanon lab TOOL``):
 - ``export``: torch checkpoints to the ONNX graphs the run time loads (``lab export-content``);
 - ``content_eval``: the content encoder's held-out figures (``lab content-eval``);
 - ``wer_paired``: paired per-utterance WER between systems (``lab wer-paired``);
+- ``budget``: the intelligibility budget, stage by stage, on both evaluation sets (``lab budget``);
+  ``envelope_probe``: envelopes regressed from teacher, phone or student content (``lab envelope-probe``);
 - ``probes``: where intelligibility is lost (``lab probe``); ``spectrogram``: the cards' figure
   (``lab spectrogram-pair``); ``bench_vocoder``: architecture timing (``lab bench-vocoder``);
 - ``commands``: the ``train`` and ``lab`` subcommands.

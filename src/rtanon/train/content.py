@@ -40,6 +40,7 @@ from rtanon.train.teacher import (TEACHER_DIM, CorpusCache, assign_units, build_
                                      fit_units)
 from rtanon.neural.input_mel import mel_filterbank
 from rtanon.train.content_config import ContentModelConfig
+from rtanon.train.shards import looks_like_eval_dir
 
 log = logging.getLogger("rtanon.train.content")
 
@@ -81,9 +82,9 @@ class TrainConfig:
         for d in self.data_dirs:
             if not (Path(d) / "wav.scp").exists():
                 raise ValueError(f"{d}: not a Kaldi-style directory (no wav.scp)")
-            if Path(d).name.endswith("_dev") or Path(d).name.endswith("_test"):
-                raise ValueError(f"{d}: looks like an evaluation split; train on so762_train, libri_clips "
-                                 "and libri_devclean")
+            if looks_like_eval_dir(Path(d).resolve().name):
+                raise ValueError(f"{d}: looks like an evaluation split (so762_dev and libri_devclean are "
+                                 "evaluation only); train on so762_train and libri_clips")
         if self.batch_size < 1 or self.crop_frames < 10:
             raise ValueError("batch_size must be >= 1 and crop_frames >= 10")
         if self.max_steps < 1:

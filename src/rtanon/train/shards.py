@@ -28,7 +28,7 @@ convention: ``sp0.9-<spk>``), with its own embedding, and its F0 and units are
 extracted from the perturbed audio, so they stay aligned.
 
 Development evaluation data must never be trained on: a directory whose name
-has the word ``dev``, ``test`` or ``eval`` (:func:`looks_like_eval_dir`) is refused unless
+has the word ``dev``, ``test`` or ``eval`` (``devclean`` too: :func:`looks_like_eval_dir`) is refused unless
 ``allow_eval_dirs`` is set.
 
 Shard directory layout (written by :class:`ShardWriter`, read by :class:`ShardDataset`)::
@@ -303,10 +303,11 @@ def _aligned(units: np.ndarray, f0: np.ndarray, audio: np.ndarray) -> tuple[np.n
 
 def looks_like_eval_dir(name: str) -> bool:
     """Whether a data directory's name marks it as evaluation data: a word ``dev``, ``test`` or ``eval`` in
-    it (``so762_dev``, ``dev-other``), not a longer word (``libri_devclean`` is training data here)."""
+    it, alone or as LibriSpeech names its splits (``so762_dev``, ``dev-other``, ``libri_devclean``,
+    ``test_clean``), not another word that starts so (``device_recordings``)."""
     import re
 
-    return any(w in ("dev", "test", "eval") for w in re.split(r"[^a-z0-9]+", name.lower()))
+    return any(re.fullmatch(r"(dev|test|eval)(clean|other)?", w) for w in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: Extractors, units_dim: int, *,

@@ -1,8 +1,8 @@
 """``rtanon lab TOOL ...``: the research tools behind the model cards, one module each in ``rtanon.train``.
 
 Every tool keeps its own argument parser (``main(argv)``); this command only dispatches to it, so
-``rtanon lab TOOL --help`` is the tool's own help. They need the ``[train]`` extra (``probe`` and
-``wer-paired`` also ``[eval]``).
+``rtanon lab TOOL --help`` is the tool's own help. They need the ``[train]`` extra (``probe``,
+``wer-paired`` and ``budget`` also ``[eval]``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ TOOLS = {
                                      "speaker-ID"),
     "wer-paired": ("wer_paired", "per-utterance WER of a system with a fresh voice per utterance, and paired "
                                  "bootstrap comparisons between systems"),
+    "budget": ("budget", "the intelligibility budget: WER and PER stage by stage, from the synthesiser's ceiling "
+                         "on measured envelopes to the shipped points, on several sets and ASRs"),
+    "envelope-probe": ("envelope_probe", "the envelopes a causal regressor predicts from teacher, phone or "
+                                         "student content, for the budget's probe rows"),
     "probe": ("probes", "where the neural voice loses intelligibility: the synthesiser's floor, what the "
                         "content carries, copy-synthesis WER"),
     "spectrogram-pair": ("spectrogram", "the model card's original/anonymized spectrogram pair (PNG)"),

@@ -1,0 +1,410 @@
+"""The intelligibility budget: where between the microphone and the pseudo-voice the words are lost.
+
+    rtanon lab budget --data ../shared/data/so762_dev ../shared/data/libri_devclean \\
+        --utts-per-speaker 2 --asr tiny.en,base --out runs/budget.json --jobs 2
+
+Every chosen utterance (a seeded few per speaker, the same for every row) is rendered once per row of
+:data:`ROWS`, each with the same fresh pseudo-voice (seeded by ``--seed`` and the utterance id), and read back by every
+Whisper model of ``--asr`` (WER) and by hama's phone recognizer against the transcript's canonical phones
+(PER). Rows:
+
+- ``original``: the input itself.
+- ``synth_own``: the vocoder's own envelope synthesiser (:class:`rtanon.neural.vocoder.EnvelopeSynth`, 48
+  mel-spaced points per envelope, 10 ms frames) driven by envelopes *measured from the input* (WORLD's
+  CheapTrick envelope and D4C aperiodicity at rtanon's own F0 track: harmonic = periodic part, noise =
+  aperiodic part) at the input's F0: the synthesiser's ceiling in the speaker's own voice.
+- ``synth_pseudo_f0``: the same envelopes at the pseudo-voice's F0 (percentile mapping, as the neural
+  method does).
+- ``synth_tract``: and the envelopes warped in frequency by 1.15 towards the pseudo-voice (up for a
+  higher voice, down for a lower one): what another vocal tract alone costs, with measured envelopes.
+- ``student_own`` / ``student_pseudo``: the shipped strong vocoder run offline on the causal content
+  encoder's ``z`` with the speaker's own resemblyzer embedding and F0 / with the pseudo-voice's embedding
+  and mapped F0 (what predicting the envelopes from causal content costs, without and with the change of
+  voice).
+- ``strong`` / ``balanced`` / ``mcadams``: the shipped methods, streamed (``Session.process_signal``) with
+  that pseudo-voice (McAdams draws its own alpha from the same seed).
+- ``probe_KIND_own`` / ``probe_KIND_pseudo`` (with ``--probes DIR`` holding ``envprobe_KIND.pt`` from
+  ``rtanon lab envelope-probe train``): the synthesiser on envelopes a small causal regressor predicts from
+  the Whisper teacher (``whisper``), hama's phone posteriors (``phones``) or the student's ``z``, with the
+  own embedding and F0 or the pseudo-voice's: the vocoder fed teacher content, through one renderer for
+  every input.
+
+Each row has a parent; its stage cost is its error rate minus the parent's, and the table names the
+stage that costs the most. The per-utterance transcripts go to ``--out`` (JSON); a rerun with the same
+``--out`` keeps what it holds and renders only what is missing, so rows and sets can be added later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rtanon import atomic
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    parent: str | None
+    stage: str  # what the difference to the parent measures
+
+
+ROWS = (
+    Row("original", None, "-"),
+    Row("synth_own", "original", "the synthesiser and its 48-point envelopes (measured)"),
+    Row("synth_pseudo_f0", "synth_own", "the pseudo-voice's pitch"),
+    Row("synth_tract", "synth_pseudo_f0", "another vocal tract (envelopes warped 1.15)"),
+    Row("student_own", "synth_own", "predicting the envelopes from causal content (own voice)"),
+    Row("student_pseudo", "student_own", "the pseudo-voice on predicted envelopes"),
+    Row("strong", "student_pseudo", "the live path: VAD gate (comfort noise outside speech), online pitch "
+                                    "mapping, ONNX in 20 ms chunks"),
+    Row("balanced", "strong", "the balanced point's input spectrum (against strong)"),
+    Row("mcadams", "original", "McAdams (reference)"),
+    Row("probe_whisper_own", "synth_own", "envelopes regressed from the Whisper teacher (own voice)"),
+    Row("probe_whisper_pseudo", "probe_whisper_own", "the pseudo-voice on envelopes from the Whisper teacher"),
+    Row("probe_phones_own", "synth_own", "envelopes regressed from hama's phone posteriors (own voice)"),
+    Row("probe_phones_pseudo", "probe_phones_own", "the pseudo-voice on envelopes from phone posteriors"),
+    Row("probe_z_own", "synth_own", "envelopes regressed from the causal student's z (own voice)"),
+)
+#: Rows rendered unless ``--rows`` says otherwise; the ``probe_*`` rows need ``--probes DIR``.
+DEFAULT_ROWS = tuple(r.name for r in ROWS if not r.name.startswith("probe_"))
+ROW_NAMES = tuple(r.name for r in ROWS)
+TRACT_WARP = 1.15
+
+_MODELS: dict = {}
+
+
+def _model(kind: str, **kw):
+    """Per-process models, built on first use."""
+    key = (kind, tuple(sorted(kw.items())))
+    if key not in _MODELS:
+        if kind == "asr":
+            from rtanon.eval.asr import WhisperTranscriber
+            _MODELS[key] = WhisperTranscriber(**kw)
+        elif kind == "phones":
+            from rtanon.eval.asr import PhoneRecognizer
+            _MODELS[key] = PhoneRecognizer()
+        elif kind == "identities":
+            from rtanon.identity.speaker import IdentityModel
+            _MODELS[key] = IdentityModel()
+        elif kind == "extract":
+            from rtanon.train.shards import default_extractors
+            _MODELS[key] = default_extractors()
+        elif kind == "strong_generator":
+            from rtanon.neural.vocoder import load_generator
+            from rtanon.stages.neural import PACKAGED_CHECKPOINT, packaged_path
+            with packaged_path(PACKAGED_CHECKPOINT, "strong") as path:
+                _MODELS[key] = load_generator(path).eval().float()
+        elif kind == "probe":
+            from rtanon.train.envelope_probe import load
+            _MODELS[key] = load(kw["path"])[1]
+        elif kind == "content":
+            from rtanon.train.envelope_probe import _content
+            _MODELS[key] = _content(kw["kind"])
+        elif kind == "anonymizer":
+            from rtanon.config import AnonymizerConfig, NeuralConfig
+            from rtanon.engine import Anonymizer
+            method = kw["method"]
+            cfg = AnonymizerConfig(method="mcadams") if method == "mcadams" else \
+                AnonymizerConfig(method="neural", neural=NeuralConfig(privacy=method))
+            _MODELS[key] = Anonymizer(cfg)
+        else:
+            raise KeyError(kind)
+    return _MODELS[key]
+
+
+# --------------------------------------------------------------------------- envelopes measured from the input
+
+
+def measured_envelopes(x: np.ndarray, f0_hz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """WORLD analysis of ``x`` (16 kHz) at rtanon's F0 track (one value per 10 ms frame) -> the periodic
+    and aperiodic power envelopes, (F, 513) each, on 1024-point FFT bins: ``sp * (1 - ap)``, ``sp * ap``."""
+    import pyworld
+
+    from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ
+
+    x64 = np.asarray(x, np.float64)
+    t = (np.arange(len(f0_hz)) * HOP_SAMPLES + HOP_SAMPLES / 2) / SAMPLE_RATE_HZ
+    f0 = np.asarray(f0_hz, np.float64)
+    sp = pyworld.cheaptrick(x64, f0, t, SAMPLE_RATE_HZ, fft_size=1024)
+    ap = pyworld.d4c(x64, f0, t, SAMPLE_RATE_HZ, fft_size=1024)
+    return sp * (1.0 - ap), sp * ap
+
+
+def envelope_points(power: np.ndarray, points: int, warp: float = 1.0) -> np.ndarray:
+    """(F, 513) power envelope -> (points, F) log amplitudes at ``points`` mel-spaced frequencies 0-8 kHz
+    (the synthesiser's grid); ``warp`` > 1 moves the formants up by that factor (reads the envelope at
+    f / warp)."""
+    from rtanon.neural.vocoder import _hz_to_mel
+
+    nyq = 8000.0
+    mel = np.linspace(0.0, _hz_to_mel(nyq), points)
+    hz = 700.0 * (10.0 ** (mel / 2595.0) - 1.0)
+    bins = np.linspace(0.0, nyq, power.shape[1])
+    src = np.clip(hz / warp, 0.0, nyq)
+    amp = np.sqrt(np.maximum(power, 1e-16))
+    return np.log(np.stack([np.interp(src, bins, a) for a in amp], axis=1)).astype(np.float32)
+
+
+def synthesise(f0_hz: np.ndarray, harm: np.ndarray, noise: np.ndarray, seed: int, warp: float = 1.0) -> np.ndarray:
+    """The vocoder's envelope synthesiser on measured envelopes: ``harm``/``noise`` (F, 513) power, F0 in
+    Hz per 10 ms frame -> audio (160 F,)."""
+    points = VOCODER_POINTS
+    return synthesise_points(f0_hz, envelope_points(harm, points, warp), envelope_points(noise, points, warp), seed)
+
+
+VOCODER_POINTS = 48  # VocoderConfig.envelope_points of the shipped vocoders
+
+
+def synthesise_points(f0_hz: np.ndarray, env_h: np.ndarray, env_n: np.ndarray, seed: int) -> np.ndarray:
+    """The synthesiser on log-amplitude envelope points (48, F) of the periodic and aperiodic power
+    envelopes. A harmonic of a pulse train with power envelope ``S`` at F0 has amplitude
+    ``2 sqrt(F0 / fs) sqrt(S)`` (WORLD's CheapTrick scaling, checked on synthetic harmonics), and white
+    noise of power ``S`` per bin has standard deviation ``sqrt(S)``."""
+    import torch
+
+    from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ
+    from rtanon.neural.vocoder import EnvelopeSynth, VocoderConfig, _Slots
+
+    cfg = VocoderConfig()
+    slots = _Slots()
+    synth = EnvelopeSynth(slots, cfg)
+    n = min(len(f0_hz), env_h.shape[1], env_n.shape[1])
+    f0 = np.asarray(f0_hz[:n], np.float32)
+    env_h = (env_h[:, :n] + np.log(2.0 * np.sqrt(np.maximum(f0, 1.0) / SAMPLE_RATE_HZ))[None, :]).astype(np.float32)
+    env_n = np.ascontiguousarray(env_n[:, :n], dtype=np.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        state = [torch.zeros(1, c, k) for c, k in slots.shapes]
+        y = synth(torch.from_numpy(f0[None]), torch.from_numpy(env_h[None]), torch.from_numpy(env_n[None]),
+                  torch.randn(1, HOP_SAMPLES * n, generator=gen), state, [None] * len(state))
+    return y[0, 0].numpy()
+
+
+# --------------------------------------------------------------------------- one utterance
+
+
+def _match_rms(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    n = min(len(x), len(y))
+    y = np.asarray(y[:n], np.float32)
+    return y * (np.sqrt(np.mean(x[:n] ** 2)) / max(1e-6, float(np.sqrt(np.mean(y ** 2)))))
+
+
+def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None = None) -> dict[str, np.ndarray]:
+    """Every row's audio for one utterance (16 kHz float32), with the pseudo-voice of ``seed``."""
+    import torch
+
+    from rtanon.f0.convert import TargetPitch, convert_utterance
+
+    out: dict[str, np.ndarray] = {}
+    voice = _model("identities").new_identity("gmm", rng=np.random.default_rng(seed))
+    extract = _model("extract")
+    f0 = extract.f0_hz(x)
+    f0_pseudo = convert_utterance(f0, TargetPitch.from_quantiles(voice.f0_quantiles_hz)).astype(np.float32)
+    if "original" in rows:
+        out["original"] = x
+    synth_rows = [r for r in rows if r.startswith("synth_")]
+    if synth_rows:
+        harm, noise = measured_envelopes(x, f0)
+        voiced = f0 > 0
+        up = voiced.any() and voice.median_f0_hz >= np.median(f0[voiced])
+        for r in synth_rows:
+            f = f0 if r == "synth_own" else f0_pseudo
+            warp = (TRACT_WARP if up else 1.0 / TRACT_WARP) if r == "synth_tract" else 1.0
+            out[r] = _match_rms(synthesise(f, harm, noise, seed, warp), x)
+    student_rows = [r for r in rows if r.startswith("student_")]
+    if student_rows:
+        z = extract.units(x)
+        t = min(len(z), len(f0) // 2)
+        gen = _model("strong_generator")
+        for r in student_rows:
+            emb = extract.speaker_embedding([x]) if r == "student_own" else voice.embedding
+            f = (f0 if r == "student_own" else f0_pseudo)[: 2 * t].astype(np.float32)
+            noise = torch.randn(1, 320 * t, generator=torch.Generator().manual_seed(seed))
+            with torch.no_grad():
+                y = gen(torch.from_numpy(z[None, :t]), torch.from_numpy(f[None]),
+                        torch.from_numpy(np.asarray(emb, np.float32)[None]), noise)[0].numpy()
+            out[r] = _match_rms(y, x)
+    probe_rows = [r for r in rows if r.startswith("probe_")]
+    if probe_rows:
+        from rtanon.train import envelope_probe
+
+        own = extract.speaker_embedding([x])
+        for r in probe_rows:
+            kind, voice_kind = r.split("_")[1:]
+            net = _model("probe", path=str(Path(probes) / f"envprobe_{kind}.pt"))
+            content = _model("content", kind=kind)(x)
+            env_h, env_n = envelope_probe.predict(net, content, own if voice_kind == "own" else voice.embedding)
+            f = f0 if voice_kind == "own" else f0_pseudo
+            out[r] = _match_rms(synthesise_points(f, env_h, env_n, seed), x)
+    for r in ("strong", "balanced", "mcadams"):
+        if r in rows:
+            session = _model("anonymizer", method=r).open_session(
+                seed=seed, identity=None if r == "mcadams" else voice)
+            out[r] = session.process_signal(x)
+    return out
+
+
+def analyse_utterance(path: str, rows: tuple[str, ...], seed: int, asr: tuple[str, ...],
+                      probes: str | None = None) -> dict:
+    """Renders one utterance's rows and reads each back: {row: {"text:MODEL": str, "phones": str}}."""
+    import torch
+
+    from rtanon.audio_io import read_audio
+
+    torch.set_num_threads(1)
+    x = read_audio(path)
+    audio = render(x, rows, seed, probes)
+    res = {}
+    for r, y in audio.items():
+        y = np.asarray(y, np.float32)
+        res[r] = {f"text:{m}": _model("asr", model=m, beam_size=2).transcribe(y) for m in asr}
+        res[r]["phones"] = " ".join(_model("phones").phones(y))
+    return res
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def error_rates(results: dict, refs: dict, ref_phones: dict, row: str, asr: tuple[str, ...]) -> dict:
+    """Corpus error rates of one row over the utterances in ``results`` that have it."""
+    from rtanon.eval.metrics import error_counts
+    from rtanon.eval.textnorm import normalize
+
+    utts = [u for u in sorted(results) if row in results[u]]
+    out = {"utterances": len(utts)}
+    for m in asr:
+        errs = sum(sum(error_counts(refs[u], normalize(results[u][row][f"text:{m}"]))) for u in utts)
+        out[f"wer_{m}"] = errs / max(1, sum(len(refs[u]) for u in utts)) if utts else None
+    errs = sum(sum(error_counts(ref_phones[u], results[u][row]["phones"].split())) for u in utts)
+    out["per"] = errs / max(1, sum(len(ref_phones[u]) for u in utts)) if utts else None
+    return out
+
+
+def table(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> str:
+    """Markdown: one line per row, per set its WERs and PER, then the stage it adds over its parent."""
+    sets = list(figures)
+    cols = [f"WER {m}" for m in asr] + ["PER"]
+    head = "| row | " + " | ".join(f"{Path(s).name}: {c}" for s in sets for c in cols) + " | stage (against parent) |"
+    lines = [head, "|---|" + "---|" * (len(sets) * len(cols) + 1)]
+    by_name = {r.name: r for r in ROWS}
+    for name in rows:
+        cells = []
+        for s in sets:
+            f = figures[s].get(name)
+            for key in [f"wer_{m}" for m in asr] + ["per"]:
+                v = None if f is None else f[key]
+                cells.append("-" if v is None else f"{100 * v:.1f}")
+        r = by_name[name]
+        stage = "-" if r.parent is None else f"{r.stage} (vs {r.parent})"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {stage} |")
+    return "\n".join(lines)
+
+
+def costs(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> list[tuple[float, str, str]]:
+    """(mean cost in points over sets and WER columns, row, stage), largest first; McAdams and balanced
+    (a reference and a second shipped point, not a stage of the path) are left out."""
+    by_name = {r.name: r for r in ROWS}
+    out = []
+    for name in rows:
+        r = by_name[name]
+        if r.parent is None or r.parent not in rows or name in ("mcadams", "balanced"):
+            continue
+        diffs = [100 * (figures[s][name][f"wer_{m}"] - figures[s][r.parent][f"wer_{m}"])
+                 for s in figures for m in asr
+                 if figures[s].get(name) and figures[s].get(r.parent) and figures[s][name][f"wer_{m}"] is not None]
+        if diffs:
+            out.append((float(np.mean(diffs)), name, r.stage))
+    return sorted(out, reverse=True)
+
+
+def voice_seed(seed: int, utt: str) -> int:
+    """The pseudo-voice seed of one utterance: the same whichever utterances a run picks."""
+    import hashlib
+
+    return seed * 1_000_003 + int(hashlib.sha256(utt.encode()).hexdigest()[:8], 16)
+
+
+def _pick(data: Path, per_speaker: int, seed: int):
+    from rtanon.eval.scenarios import seeded_shuffle
+    from rtanon.kaldi import KaldiDir
+
+    kd = KaldiDir.load(data)
+    utts = [u for s in kd.speakers
+            for u in seeded_shuffle([u for u in kd.utterances_of(s) if u in kd.text], seed, "budget:" + s)[:per_speaker]]
+    return kd, sorted(utts)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", nargs="+", required=True, metavar="KALDI_DIR",
+                    help="evaluation sets with transcripts (e.g. so762_dev libri_devclean)")
+    ap.add_argument("--out", required=True, help="per-utterance results (JSON; a rerun adds what is missing)")
+    ap.add_argument("--utts-per-speaker", type=int, default=2, help="utterances per speaker, seeded (default 2)")
+    ap.add_argument("--asr", default="tiny.en,base", help="Whisper models, comma-separated (default tiny.en,base)")
+    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS),
+                    help=f"comma-separated, from {', '.join(ROW_NAMES)} (default: all but the probe rows)")
+    ap.add_argument("--probes", default=None, metavar="DIR",
+                    help="directory with envprobe_{whisper,phones,z}.pt (rtanon lab envelope-probe train), for "
+                         "the probe_* rows")
+    ap.add_argument("--seed", type=int, default=1000, help="seeds the utterances picked and their pseudo-voices "
+                                                            "(default 1000)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    args = ap.parse_args(argv)
+    asr = tuple(m.strip() for m in args.asr.split(",") if m.strip())
+    rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
+    unknown = set(rows) - set(ROW_NAMES)
+    if unknown:
+        raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROW_NAMES)}")
+    if any(r.startswith("probe_") for r in rows) and not args.probes:
+        raise SystemExit("the probe_* rows need --probes DIR (rtanon lab envelope-probe train writes them)")
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing as mp
+
+    from tqdm import tqdm
+
+    from rtanon.eval.asr import PhoneRecognizer
+    from rtanon.eval.textnorm import normalize
+
+    out = Path(args.out)
+    done = json.loads(out.read_text()) if out.exists() else {}
+    g2p = PhoneRecognizer()
+    figures, t0 = {}, time.perf_counter()
+    for data in args.data:
+        kd, utts = _pick(Path(data), args.utts_per_speaker, args.seed)
+        key = Path(data).resolve().name
+        store = done.setdefault(f"{key}|seed{args.seed}", {})
+        tasks = []
+        for u in utts:
+            missing = tuple(r for r in rows
+                            if r not in store.get(u, {}) or any(f"text:{m}" not in store[u][r] for m in asr))
+            if missing:
+                tasks.append((u, str(kd.wav[u]), missing, voice_seed(args.seed, u)))
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as ex:
+            futures = {ex.submit(analyse_utterance, p, r, s, asr, args.probes): u for u, p, r, s in tasks}
+            for fut in tqdm(as_completed(futures), total=len(futures), desc=key, unit="utt", file=sys.stderr):
+                u = futures[fut]
+                for r, res in fut.result().items():
+                    store.setdefault(u, {}).setdefault(r, {}).update(res)
+                atomic.write_text(out, json.dumps(done, indent=0, ensure_ascii=False))
+        refs = {u: normalize(kd.text[u]) for u in utts}
+        ref_phones = {u: g2p.canonical(refs[u]) for u in utts}
+        results = {u: store[u] for u in utts if u in store}
+        figures[key] = {r: error_rates(results, refs, ref_phones, r, asr) for r in rows}
+        n_words = sum(len(v) for v in refs.values())
+        print(f"{key}: {len(utts)} utterances of {len(kd.speakers)} speakers, {n_words} words", file=sys.stderr)
+    print(table(figures, asr, rows))
+    ranked = costs(figures, asr, rows)
+    if ranked:
+        print("\nstage costs (WER points, mean over sets and ASRs), largest first:")
+        for c, name, stage in ranked:
+            print(f"  {c:+6.1f}  {name}: {stage}")
+        print(f"\nthe stage that costs the most: {ranked[0][1]} ({ranked[0][2]})")
+    print(f"\n{time.perf_counter() - t0:.0f} s; per-utterance transcripts in {out}")
+    return 0

@@ -1,0 +1,263 @@
+"""Envelope probes: how much of the spectral envelope can each content representation give?
+
+The budget (``rtanon lab budget``) shows the synthesiser keeps the words when its envelopes are measured
+from the input, so the loss lies in predicting them from content. This probe fits the same small causal
+regressor from three content representations to the envelopes WORLD measures (harmonic and noise, 48
+mel-spaced points per 10 ms, the synthesiser's own grid), conditioned on the utterance's own resemblyzer
+embedding:
+
+- ``whisper``: the Whisper tiny.en encoder (the content encoder's teacher; offline, non-causal);
+- ``phones``: hama's phone log-posteriors (191 IPA tokens at 50 Hz; the phonetic teacher, non-causal);
+- ``z``: the shipped causal content encoder's ``z`` (what the vocoders read).
+
+The budget renders the fitted regressors' envelopes through the synthesiser (rows ``probe_*``), so the
+three differ in their input only: the gap between ``whisper``/``phones`` and ``z`` is what a better causal
+student could win, the gap between them and ``synth_own`` what the teacher itself lacks.
+
+    rtanon lab envelope-probe features --data ../shared/data/so762_train --cache runs/cache
+    rtanon lab envelope-probe train --cache runs/cache/so762_train --input phones --out runs/envprobe_phones.pt
+
+``features`` reuses the content encoder's cache (audio and Whisper features, ``rtanon.train.teacher``) and
+adds ``envprobe.npz`` beside it; ``train`` fits on the cached training sets only (never an evaluation set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtanon import atomic
+
+INPUTS = {"whisper": 384, "phones": 191, "z": 256}
+POINTS = 48
+LOG_FLOOR = -9.0  # log amplitude floor of the targets (about -78 dB)
+
+
+# --------------------------------------------------------------------------- features
+
+
+def _content(kind: str):
+    """Per-process content extractors: audio (T,) float32 16 kHz -> (floor(T / 320), D) float32."""
+    if kind == "whisper":
+        from rtanon.train.teacher import TEACHER_DIM, WINDOW_SAMPLES, need_module, teacher_model_path
+
+        ct2 = need_module("ctranslate2")
+        fw = need_module("faster_whisper.feature_extractor")
+        fe = fw.FeatureExtractor(feature_size=80)
+        model = ct2.models.Whisper(str(teacher_model_path()), device="cpu", compute_type="float32", intra_threads=1)
+
+        def whisper(x: np.ndarray) -> np.ndarray:
+            n = len(x) // 320
+            out = np.zeros((n, TEACHER_DIM), np.float32)
+            for s in range(0, len(x), WINDOW_SAMPLES):  # 30 s windows, each on the 320-sample grid
+                buf = np.zeros(WINDOW_SAMPLES, np.float32)
+                seg = x[s:s + WINDOW_SAMPLES]
+                buf[:len(seg)] = seg
+                feats = fe(buf, padding=0)[:, :3000]
+                enc = np.asarray(model.encode(ct2.StorageView.from_array(np.ascontiguousarray(feats[None]))))[0]
+                k = s // 320
+                m = min(n - k, 1500)
+                out[k:k + m] = enc[:m]
+            return out
+        return whisper
+    if kind == "phones":
+        import hama
+
+        asr = hama.ASRModel()
+
+        def phones(x: np.ndarray) -> np.ndarray:
+            n = len(x) // 320
+            wav = np.clip(np.asarray(x, np.float32), -1.0, 1.0)[None]
+            lp, _ = asr.session.run([asr._log_probs_output_name, asr._out_lengths_output_name],
+                                    {asr._waveform_input_name: wav,
+                                     asr._waveform_lengths_input_name: np.array([wav.shape[1]], np.int64)})
+            lp = np.asarray(lp[0], np.float32)
+            out = np.full((n, lp.shape[1]), lp[-1:].min(), np.float32)
+            out[:min(n, len(lp))] = lp[:n]
+            if len(lp) < n:
+                out[len(lp):] = lp[-1]
+            return out
+        return phones
+    if kind == "z":
+        from rtanon.content.stream import ContentEncoderModel
+
+        enc = ContentEncoderModel()
+
+        def z(x: np.ndarray) -> np.ndarray:
+            out = enc.encode(x)
+            n = len(x) // 320
+            pad = np.zeros((max(0, n - len(out)), out.shape[1]), np.float32)
+            return np.concatenate([out[:n], pad]).astype(np.float32)
+        return z
+    raise KeyError(kind)
+
+
+def target_envelopes(x: np.ndarray, f0: np.ndarray) -> np.ndarray:
+    """(2T, 96) float32 log amplitudes: harmonic then noise envelope points (no F0 scaling)."""
+    from rtanon.train.budget import envelope_points, measured_envelopes
+
+    harm, noise = measured_envelopes(x, f0)
+    env = np.concatenate([envelope_points(harm, POINTS), envelope_points(noise, POINTS)]).T
+    return np.maximum(env, LOG_FLOOR).astype(np.float32)
+
+
+def features(args) -> None:
+    from tqdm import tqdm
+
+    from rtanon.train.shards import default_extractors
+    from rtanon.train.teacher import build_cache
+
+    cache = build_cache(Path(args.data), Path(args.cache), threads=1)
+    out = cache.root / "envprobe.npz"
+    extract = default_extractors()
+    audio = cache.audio()
+    phones, z = _content("phones"), _content("z")
+    env, f0s, ph, zs, emb = [], [], [], [], []
+    for i in tqdm(range(len(cache.utts)), desc=cache.root.name, unit="utt", file=sys.stderr):
+        x = audio[cache.audio_offset[i]:cache.audio_offset[i] + cache.audio_len[i]].astype(np.float32) / 32767.0
+        t = int(cache.frame_len[i])
+        f0 = extract.f0_hz(x)[:2 * t]
+        f0 = np.pad(f0, (0, 2 * t - len(f0)))
+        env.append(target_envelopes(x, f0).astype(np.float16))
+        f0s.append(f0.astype(np.float32))
+        ph.append(phones(x)[:t].astype(np.float16))
+        zs.append(z(x)[:t].astype(np.float16))
+        emb.append(extract.speaker_embedding([x]).astype(np.float32))
+    with atomic.atomic_open(out) as f:
+        np.savez(f, env=np.concatenate(env), f0=np.concatenate(f0s), phones=np.concatenate(ph),
+                 z=np.concatenate(zs), emb=np.stack(emb))
+    print(f"{out}: {len(cache.utts)} utterances, {int(cache.frame_len.sum())} frames")
+
+
+# --------------------------------------------------------------------------- the regressor
+
+
+class EnvelopeRegressor(nn.Module):
+    """Causal: content (B, T, D) at 50 Hz + speaker (B, 256) -> log envelopes (B, 2T, 96) at 100 Hz."""
+
+    def __init__(self, in_dim: int, channels: int = 256, dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 1)) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(in_dim)
+        self.inp = nn.Conv1d(in_dim, channels, 3)
+        self.spk = nn.Linear(256, channels)
+        self.dilations = dilations
+        self.layers = nn.ModuleList(nn.Conv1d(channels, channels, 3, dilation=d) for d in dilations)
+        self.out = nn.Conv1d(channels, 4 * POINTS, 1)
+
+    def forward(self, content: torch.Tensor, speaker: torch.Tensor) -> torch.Tensor:
+        x = self.norm(content).transpose(1, 2)
+        x = self.inp(F.pad(x, (2, 0))) + self.spk(speaker)[:, :, None]
+        for layer, d in zip(self.layers, self.dilations):
+            x = x + layer(F.pad(F.leaky_relu(x, 0.1), (2 * d, 0)))
+        y = self.out(F.leaky_relu(x, 0.1))  # (B, 2 * 96, T)
+        b, _, t = y.shape
+        return y.reshape(b, 2, 2 * POINTS, t).permute(0, 3, 1, 2).reshape(b, 2 * t, 2 * POINTS)
+
+
+class _Data:
+    def __init__(self, roots: list[Path], kind: str) -> None:
+        from rtanon.train.teacher import CorpusCache
+
+        self.items = []
+        for root in roots:
+            cache = CorpusCache.load(root)
+            z = np.load(root / "envprobe.npz")
+            content = cache.teacher(mmap=False) if kind == "whisper" else z[kind]
+            for i in range(len(cache.utts)):
+                o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
+                if t >= 20:
+                    self.items.append((content[o:o + t], z["env"][2 * o:2 * o + 2 * t], z["f0"][2 * o:2 * o + 2 * t],
+                                       z["emb"][i]))
+
+    def batch(self, rng: np.random.Generator, size: int, frames: int):
+        c, e, v, s = [], [], [], []
+        for k in rng.integers(0, len(self.items), size):
+            content, env, f0, emb = self.items[k]
+            t = len(content)
+            start = int(rng.integers(0, max(1, t - frames + 1)))
+            n = min(frames, t)
+            cc = np.zeros((frames, content.shape[1]), np.float32)
+            cc[:n] = content[start:start + n]
+            ee = np.full((2 * frames, 2 * POINTS), LOG_FLOOR, np.float32)
+            ee[:2 * n] = env[2 * start:2 * start + 2 * n]
+            vv = np.zeros(2 * frames, np.float32)
+            vv[:2 * n] = f0[2 * start:2 * start + 2 * n] > 0
+            c.append(cc), e.append(ee), v.append(vv), s.append(emb)
+        return (torch.from_numpy(np.stack(c)), torch.from_numpy(np.stack(s)), torch.from_numpy(np.stack(e)),
+                torch.from_numpy(np.stack(v)))
+
+
+def envelope_loss(pred: torch.Tensor, target: torch.Tensor, voiced: torch.Tensor) -> torch.Tensor:
+    """L1 on log amplitudes: the noise envelope everywhere, the harmonic one where voiced."""
+    err = (pred - target).abs()
+    harm = (err[..., :POINTS].mean(-1) * voiced).sum() / voiced.sum().clamp(min=1.0)
+    return harm + err[..., POINTS:].mean()
+
+
+def train(args) -> None:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    data = _Data([Path(c) for c in args.cache], args.input)
+    net = EnvelopeRegressor(INPUTS[args.input])
+    opt = torch.optim.AdamW(net.parameters(), 1e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=args.steps, pct_start=0.05)
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        c, s, e, v = data.batch(rng, 16, 100)
+        loss = envelope_loss(net(c, s), e, v)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % 250 == 0 or step == args.steps - 1:
+            print(f"{args.input} step {step}: L1 {float(loss.detach()):.3f} ({time.perf_counter() - t0:.0f} s)",
+                  flush=True)
+    with atomic.atomic_open(args.out) as f:
+        torch.save({"input": args.input, "state": net.state_dict(), "steps": args.steps,
+                    "cache": [str(c) for c in args.cache]}, f)
+    print(f"wrote {args.out}")
+
+
+def load(path: str | Path) -> tuple[str, EnvelopeRegressor]:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    net = EnvelopeRegressor(INPUTS[ckpt["input"]])
+    net.load_state_dict(ckpt["state"])
+    return ckpt["input"], net.eval()
+
+
+def predict(net: EnvelopeRegressor, content: np.ndarray, speaker: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """-> harmonic and noise log-amplitude points, (48, 2T) each (no F0 scaling)."""
+    with torch.no_grad():
+        y = net(torch.from_numpy(content[None].astype(np.float32)),
+                torch.from_numpy(np.asarray(speaker, np.float32)[None]))[0].numpy()
+    return y[:, :POINTS].T, y[:, POINTS:].T
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("features", help="envelopes, F0, phone posteriors, z and speaker embeddings of a training set")
+    p.add_argument("--data", required=True, help="a training Kaldi dir (never an evaluation set)")
+    p.add_argument("--cache", required=True, help="the content encoder's cache root (e.g. runs/cache)")
+    p.set_defaults(func=features)
+    p = sub.add_parser("train", help="fit the regressor from one content representation")
+    p.add_argument("--cache", nargs="+", required=True, help="cached training sets (runs/cache/NAME)")
+    p.add_argument("--input", required=True, choices=list(INPUTS))
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(func=train)
+    args = ap.parse_args(argv)
+    from rtanon.train.shards import looks_like_eval_dir
+
+    if args.cmd == "features" and looks_like_eval_dir(Path(args.data).resolve().name):
+        raise SystemExit(f"{args.data} is an evaluation set: never fit on it")
+    args.func(args)

