@@ -161,3 +161,76 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print(json.dumps(r))
     return 0
 
+
+
+def _ctc_greedy(log_probs: np.ndarray, tokens: list[str]) -> list[str]:
+    """Greedy CTC: argmax per frame, repeats collapsed, blank and word boundary dropped."""
+    ids = log_probs.argmax(-1)
+    keep = np.concatenate([[True], ids[1:] != ids[:-1]])
+    return [tokens[i] for i in ids[keep] if tokens[i] not in ("<blank>", "<wb>")]
+
+
+def phone_error_rates(checkpoint: Path, data_dirs: list[Path], per_speaker: int | None, seed: int = 0) -> dict:
+    """The causal phone recognizer (a ``--phone-weight`` checkpoint's phone head on ``z``, with the
+    encoder's own lookahead) and hama's non-causal one on evaluation sets: PER of each against the
+    transcripts' canonical phones (hama's G2P), and of the student against hama's own phones."""
+    import hama
+    import torch
+
+    from rtanon.audio_io import read_audio
+    from rtanon.eval.metrics import error_counts
+    from rtanon.eval.runner import _per_speaker
+    from rtanon.eval.textnorm import normalize
+    from rtanon.kaldi import KaldiDir
+    from rtanon.train.content import PHONE_TOKENS, load_checkpoint
+
+    ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if not ck.get("phone_head"):
+        raise SystemExit(f"{checkpoint}: no phone head (train with --phone-weight)")
+    model = load_checkpoint(checkpoint)
+    head = torch.nn.Linear(model.cfg.unit_dim, PHONE_TOKENS)
+    head.load_state_dict(ck["phone_head"])
+    la = model.cfg.lookahead_frames
+    teacher = hama.ASRModel()
+    g2p = hama.G2PModel()
+    tokens = teacher.decoder_tokens
+    out = {}
+    for d in data_dirs:
+        kd = _per_speaker(KaldiDir.load(d), per_speaker, seed)
+        err = {"student_vs_text": np.zeros(2), "hama_vs_text": np.zeros(2), "student_vs_hama": np.zeros(2)}
+        for u in sorted(kd.wav):
+            if u not in kd.text:
+                continue
+            x = read_audio(kd.wav[u])
+            canonical = [a.phoneme for a in g2p.predict(" ".join(normalize(kd.text[u]))).alignments
+                         if a.phoneme.strip()]
+            heard = list(teacher.transcribe_waveform(x, 16000).phonemes)
+            audio = torch.from_numpy(np.concatenate([x, np.zeros(la * FRAME_SAMPLES, np.float32)]))[None]
+            with torch.no_grad():
+                state = model.init_state(1)
+                logmel, _ = model.log_mel(audio, state[0])
+                _, z, _ = model.encode_logmel(logmel, state[1:])
+                lp = torch.log_softmax(head(z[:, la:]), -1)[0].numpy()
+            said = _ctc_greedy(lp, tokens)
+            for key, ref, hyp in (("student_vs_text", canonical, said), ("hama_vs_text", canonical, heard),
+                                  ("student_vs_hama", heard, said)):
+                err[key] += (sum(error_counts(ref, hyp)), len(ref))
+        out[Path(d).name] = {k: float(v[0] / max(1, v[1])) for k, v in err.items()}
+        out[Path(d).name]["utterances"] = sum(1 for u in kd.wav if u in kd.text)
+    return out
+
+
+def main_phones(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=phone_error_rates.__doc__)
+    ap.add_argument("checkpoint", type=Path, help="ckpt.pt of `rtanon train content --phone-weight W`")
+    ap.add_argument("--data", type=Path, nargs="+", required=True, help="evaluation sets with transcripts")
+    ap.add_argument("--utts-per-speaker", type=int, default=None, help="a seeded few per speaker (default all)")
+    args = ap.parse_args(argv)
+    r = phone_error_rates(args.checkpoint, args.data, args.utts_per_speaker)
+    print("| set | utterances | PER causal student vs text | PER hama vs text | PER student vs hama |")
+    print("|---|---|---|---|---|")
+    for name, f in r.items():
+        print(f"| {name} | {f['utterances']} | {100 * f['student_vs_text']:.1f} % | {100 * f['hama_vs_text']:.1f} % "
+              f"| {100 * f['student_vs_hama']:.1f} % |")
+    print(json.dumps(r))
+    return 0

@@ -17,8 +17,8 @@ student could win, the gap between them and ``synth_own`` what the teacher itsel
     rtanon lab envelope-probe features --data ../shared/data/so762_train --cache runs/cache
     rtanon lab envelope-probe train --cache runs/cache/so762_train --input phones --out runs/envprobe_phones.pt
 
-``features`` reuses the content encoder's cache (audio and Whisper features, ``rtanon.train.teacher``) and
-adds ``envprobe.npz`` beside it; ``train`` fits on the cached training sets only (never an evaluation set).
+``features`` reuses the content encoder's cache (audio, Whisper features and phone posteriors:
+``rtanon.train.teacher``, ``rtanon.train.content.phone_posteriors``) and adds ``envprobe.npz`` beside it; ``train`` fits on the cached training sets only (never an evaluation set).
 """
 
 from __future__ import annotations
@@ -111,15 +111,17 @@ def target_envelopes(x: np.ndarray, f0: np.ndarray) -> np.ndarray:
 def features(args) -> None:
     from tqdm import tqdm
 
+    from rtanon.train.content import phone_posteriors
     from rtanon.train.shards import default_extractors
     from rtanon.train.teacher import build_cache
 
     cache = build_cache(Path(args.data), Path(args.cache), threads=1)
+    phone_posteriors(cache)  # the content encoder's phonetic targets, shared with it
     out = cache.root / "envprobe.npz"
     extract = default_extractors()
     audio = cache.audio()
-    phones, z = _content("phones"), _content("z")
-    env, f0s, ph, zs, emb = [], [], [], [], []
+    z = _content("z")
+    env, f0s, zs, emb = [], [], [], []
     for i in tqdm(range(len(cache.utts)), desc=cache.root.name, unit="utt", file=sys.stderr):
         x = audio[cache.audio_offset[i]:cache.audio_offset[i] + cache.audio_len[i]].astype(np.float32) / 32767.0
         t = int(cache.frame_len[i])
@@ -127,12 +129,10 @@ def features(args) -> None:
         f0 = np.pad(f0, (0, 2 * t - len(f0)))
         env.append(target_envelopes(x, f0).astype(np.float16))
         f0s.append(f0.astype(np.float32))
-        ph.append(phones(x)[:t].astype(np.float16))
         zs.append(z(x)[:t].astype(np.float16))
         emb.append(extract.speaker_embedding([x]).astype(np.float32))
     with atomic.atomic_open(out) as f:
-        np.savez(f, env=np.concatenate(env), f0=np.concatenate(f0s), phones=np.concatenate(ph),
-                 z=np.concatenate(zs), emb=np.stack(emb))
+        np.savez(f, env=np.concatenate(env), f0=np.concatenate(f0s), z=np.concatenate(zs), emb=np.stack(emb))
     print(f"{out}: {len(cache.utts)} utterances, {int(cache.frame_len.sum())} frames")
 
 
@@ -169,7 +169,8 @@ class _Data:
         for root in roots:
             cache = CorpusCache.load(root)
             z = np.load(root / "envprobe.npz")
-            content = cache.teacher(mmap=False) if kind == "whisper" else z[kind]
+            content = {"whisper": lambda: cache.teacher(mmap=False), "phones": lambda: np.load(root / "phones.npy"),
+                       "z": lambda: z["z"]}[kind]()
             for i in range(len(cache.utts)):
                 o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
                 if t >= 20:
