@@ -60,13 +60,15 @@ def test_the_budget_table_names_the_costliest_stage():
 
     wer = {"original": 0.30, "synth_own": 0.32, "synth_pseudo_f0": 0.35, "synth_tract": 0.40,
            "student_own": 0.60, "student_pseudo": 0.66, "strong": 0.64, "balanced": 0.58, "mcadams": 0.55}
-    fig = {r: {"utterances": 10, "wer_tiny.en": w, "wer_base": w - 0.1, "per": w / 2} for r, w in wer.items()}
+    fig = {r: {"utterances": 10, "wer_tiny.en": w + 0.2, "wer_tiny.en_noloop": w, "loops_tiny.en": 1,
+               "wer_base": w - 0.1, "wer_base_noloop": w - 0.1, "loops_base": 0, "per": w / 2}
+           for r, w in wer.items()}
     figures = {"so762_dev": fig, "libri_devclean": fig}
     ranked = costs(figures, ("tiny.en", "base"), ROW_NAMES)
     assert ranked[0][1] == "student_own" and ranked[0][0] == pytest.approx(28.0)
     assert {name for _, name, _ in ranked}.isdisjoint({"original", "mcadams", "balanced"})
     md = table(figures, ("tiny.en", "base"), ROW_NAMES)
-    assert "| student_own | 60.0 | 50.0 | 30.0 | 60.0 | 50.0 | 30.0 |" in md
+    assert "| student_own | 80.0 (60.0, 1 loops) | 50.0 | 30.0 | 80.0 (60.0, 1 loops) | 50.0 | 30.0 |" in md
     assert md.count("\n") == len(ROW_NAMES) + 1
 
 

@@ -273,22 +273,30 @@ def analyse_utterance(path: str, rows: tuple[str, ...], seed: int, asr: tuple[st
 
 
 def error_rates(results: dict, refs: dict, ref_phones: dict, row: str, asr: tuple[str, ...]) -> dict:
-    """Corpus error rates of one row over the utterances in ``results`` that have it."""
-    from rtanon.eval.metrics import error_counts
+    """Corpus error rates of one row over the utterances in ``results`` that have it: per Whisper model
+    the WER, and the WER without the utterances where that model looped on this row's audio
+    (``rtanon.eval.metrics.asr_runaway``: one loop adds a hundred insertions to a few hundred words),
+    ``loops`` of them; the PER."""
+    from rtanon.eval.metrics import asr_runaway, error_counts
     from rtanon.eval.textnorm import normalize
 
     utts = [u for u in sorted(results) if row in results[u]]
     out = {"utterances": len(utts)}
     for m in asr:
-        errs = sum(sum(error_counts(refs[u], normalize(results[u][row][f"text:{m}"]))) for u in utts)
-        out[f"wer_{m}"] = errs / max(1, sum(len(refs[u]) for u in utts)) if utts else None
+        hyps = {u: normalize(results[u][row][f"text:{m}"]) for u in utts}
+        kept = [u for u in utts if not asr_runaway(refs[u], hyps[u])]
+        for key, group in ((f"wer_{m}", utts), (f"wer_{m}_noloop", kept)):
+            errs = sum(sum(error_counts(refs[u], hyps[u])) for u in group)
+            out[key] = errs / max(1, sum(len(refs[u]) for u in group)) if group else None
+        out[f"loops_{m}"] = len(utts) - len(kept)
     errs = sum(sum(error_counts(ref_phones[u], results[u][row]["phones"].split())) for u in utts)
     out["per"] = errs / max(1, sum(len(ref_phones[u]) for u in utts)) if utts else None
     return out
 
 
 def table(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> str:
-    """Markdown: one line per row, per set its WERs and PER, then the stage it adds over its parent."""
+    """Markdown: one line per row, per set its WERs (without the ASR's loops) and PER, then the stage it
+    adds over its parent."""
     sets = list(figures)
     cols = [f"WER {m}" for m in asr] + ["PER"]
     head = "| row | " + " | ".join(f"{Path(s).name}: {c}" for s in sets for c in cols) + " | stage (against parent) |"
@@ -298,9 +306,14 @@ def table(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> str:
         cells = []
         for s in sets:
             f = figures[s].get(name)
-            for key in [f"wer_{m}" for m in asr] + ["per"]:
-                v = None if f is None else f[key]
-                cells.append("-" if v is None else f"{100 * v:.1f}")
+            for m in asr:
+                if f is None or f[f"wer_{m}"] is None:
+                    cells.append("-")
+                elif f[f"loops_{m}"]:
+                    cells.append(f"{100 * f[f'wer_{m}']:.1f} ({100 * f[f'wer_{m}_noloop']:.1f}, {f[f'loops_{m}']} loops)")
+                else:
+                    cells.append(f"{100 * f[f'wer_{m}']:.1f}")
+            cells.append("-" if f is None or f["per"] is None else f"{100 * f['per']:.1f}")
         r = by_name[name]
         stage = "-" if r.parent is None else f"{r.stage} (vs {r.parent})"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {stage} |")
@@ -308,17 +321,18 @@ def table(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> str:
 
 
 def costs(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> list[tuple[float, str, str]]:
-    """(mean cost in points over sets and WER columns, row, stage), largest first; McAdams and balanced
-    (a reference and a second shipped point, not a stage of the path) are left out."""
+    """(mean cost in WER points without the ASR's loops, over sets and ASRs; row; stage), largest first;
+    McAdams and balanced (a reference and a second shipped point, not a stage of the path) are left out."""
     by_name = {r.name: r for r in ROWS}
     out = []
     for name in rows:
         r = by_name[name]
         if r.parent is None or r.parent not in rows or name in ("mcadams", "balanced"):
             continue
-        diffs = [100 * (figures[s][name][f"wer_{m}"] - figures[s][r.parent][f"wer_{m}"])
-                 for s in figures for m in asr
-                 if figures[s].get(name) and figures[s].get(r.parent) and figures[s][name][f"wer_{m}"] is not None]
+        key = [f"wer_{m}_noloop" for m in asr]
+        diffs = [100 * (figures[s][name][k] - figures[s][r.parent][k]) for s in figures for k in key
+                 if figures[s].get(name) and figures[s].get(r.parent)
+                 and None not in (figures[s][name][k], figures[s][r.parent][k])]
         if diffs:
             out.append((float(np.mean(diffs)), name, r.stage))
     return sorted(out, reverse=True)
@@ -402,7 +416,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print(table(figures, asr, rows))
     ranked = costs(figures, asr, rows)
     if ranked:
-        print("\nstage costs (WER points, mean over sets and ASRs), largest first:")
+        print("\nstage costs (WER points without the ASR's loops, mean over sets and ASRs), largest first:")
         for c, name, stage in ranked:
             print(f"  {c:+6.1f}  {name}: {stage}")
         print(f"\nthe stage that costs the most: {ranked[0][1]} ({ranked[0][2]})")
