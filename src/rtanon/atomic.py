@@ -9,20 +9,59 @@ block exits without an exception and is removed otherwise (the CLI turns
 SIGTERM and SIGHUP into an exception, so those clean up too). A process
 killed with SIGKILL cannot clean up: the next write of the same name removes
 the temporary files whose process is gone, and :func:`remove_leftovers`
-sweeps a folder.
+sweeps a folder. :func:`check_target` refuses, before any work, a target the
+rename would wrongly replace (a device, a FIFO, a socket) or whose temporary
+name the file system cannot hold.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from rtanon.errors import UserError
+
 PART_SUFFIX = ".part"
+#: What a temporary name adds to the target's: ``.`` NAME ``.`` PID (7 digits at most) ``.`` 8 random ``.part``.
+_TEMP_EXTRA_BYTES = 1 + 1 + 7 + 1 + 8 + len(PART_SUFFIX)
+
+
+class OutputPathError(UserError):
+    """An output path that the atomic writer cannot or must not replace; the message says why."""
+
+
+def check_target(path: str | os.PathLike) -> None:
+    """Raises OutputPathError when writing ``path`` atomically would go wrong: it exists and is not a
+    regular file or a folder (renaming over a device node or a FIFO would replace it with a regular file:
+    ``/dev/null`` included), or its temporary name would be longer than the file system allows. A folder
+    is left to the rename, which refuses it."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # a symlink loop, a name too long...: say it in one line
+        raise OutputPathError(f"{path}: cannot be used as an output ({exc.strerror}); name another file") from None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device", stat.S_IFIFO: "FIFO",
+                stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), "special file")
+        raise OutputPathError(f"{path}: is a {kind}, not a regular file; rtanon writes whole files and would "
+                              "replace it: name a regular file")
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        name_max = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(path.name)) + _TEMP_EXTRA_BYTES > name_max:
+        raise OutputPathError(f"{path}: file name too long ({len(os.fsencode(path.name))} bytes; at most "
+                              f"{name_max - _TEMP_EXTRA_BYTES} here, to leave room for the temporary name): "
+                              "use a shorter name")
 
 
 def _umask() -> int:
@@ -37,9 +76,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     On a clean exit the temporary file gets ordinary permissions (0666 less
     the umask) and replaces ``path``; on any exception it is removed and
-    ``path`` is left as it was. The folder must exist.
+    ``path`` is left as it was. The folder must exist; ``path`` must pass
+    :func:`check_target` (checked again just before the rename).
     """
     path = Path(path)
+    check_target(path)
     directory = path.parent if str(path.parent) else Path(".")
     _sweep_dead(directory, path.name)
     try:
@@ -50,6 +91,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+        check_target(path)  # a FIFO or device made while the data was written is not replaced either
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
