@@ -7,13 +7,16 @@ actions, and the Ray runs' interrupts, bindings and sweeps."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
+import numpy as np
 import pytest
 import soundfile as sf
 
-from rtanon import atomic
+from rtanon import Anonymizer, AnonymizerConfig, atomic
+from rtanon.errors import RunFailed
 from test_cli_errors import _one_line_error, _rtanon
 
 RATE = 16000
@@ -63,3 +66,131 @@ def test_every_writer_refuses_a_special_output_in_one_line(tmp_path, wav, writer
     _one_line_error(_rtanon(*args, timeout=120), contains="not a regular file")
     assert _still_special(path, kind)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+# -- 3. identities validated in float32; a run that rendered nothing is not a success -------------------
+
+@pytest.fixture(scope="module")
+def good_identity(tmp_path_factory):
+    from rtanon.identity.speaker import IdentityModel
+
+    path = tmp_path_factory.mktemp("ident") / "good.json"
+    IdentityModel().new_identity(rng=np.random.default_rng(7)).save(path)
+    return json.loads(path.read_text())
+
+
+def _identity_file(tmp_path, text: str):
+    path = tmp_path / "identity.json"
+    path.write_text(text)
+    return path
+
+
+def _file_with_identity(wav, tmp_path, identity, timeout=120):
+    return _rtanon("file", str(wav), str(tmp_path / "o.wav"), "--method", "mcadams", "--identity", str(identity),
+                   timeout=timeout)
+
+
+@pytest.mark.parametrize("change", ["one 1e39", "all 1e20"])
+def test_an_identity_beyond_float32_is_refused(tmp_path, wav, good_identity, change):
+    emb = good_identity["embedding"]
+    emb = [1e39] + emb[1:] if change == "one 1e39" else [1e20] * len(emb)  # 1e20: its square overflows
+    path = _identity_file(tmp_path, json.dumps({**good_identity, "embedding": emb}))
+    _one_line_error(_file_with_identity(wav, tmp_path, path), contains="'embedding'")
+    assert not (tmp_path / "o.wav").exists()
+
+
+class _SilentThenBoom:
+    """A stage that a broken voice makes fail: silence while it warms up after each reset, then an error."""
+
+    hop, latency_samples = 320, 0
+
+    def __init__(self):
+        self.calls = 0
+
+    def process(self, chunk):
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise FloatingPointError("injected")
+        return np.zeros_like(chunk)
+
+    def reset(self):
+        pass
+
+
+def test_a_file_where_no_chunk_was_anonymized_is_a_failed_run(tmp_path, wav):
+    from rtanon.audio_io import anonymize_file
+
+    session = Anonymizer(AnonymizerConfig(method="mcadams")).open_session(seed=0)
+    session.stages.insert(0, _SilentThenBoom())
+    with pytest.raises(RunFailed, match="no chunk was anonymized"):
+        anonymize_file(session, wav, tmp_path / "o.wav")
+    c = session.counters
+    assert 0 < c.stage_errors < c.chunks and c.rendered_chunks == 0
+    assert list(tmp_path.iterdir()) == []
+    healthy = Anonymizer(AnonymizerConfig(method="mcadams")).open_session(seed=0)
+    anonymize_file(healthy, wav, tmp_path / "o.wav")  # real speech: rendered
+    assert healthy.counters.rendered_chunks > 0
+
+
+# -- 8, 9. bad identity files: one line, exit 2, at once ---------------------------------------------------
+
+@pytest.mark.parametrize("case", ["nested 100000", "400 digits", "5000 digits", "strategy a string",
+                                  "strategy a list", "gender an object", "not UTF-8", "2 MB"])
+def test_malformed_identity_files_are_usage_errors(tmp_path, wav, good_identity, case):
+    digits = {"400 digits": 400, "5000 digits": 5000}.get(case)
+    text = {
+        "nested 100000": "[" * 100_000 + "]" * 100_000,
+        "strategy a string": json.dumps({**good_identity, "strategy": "gmm"}),
+        "strategy a list": json.dumps({**good_identity, "strategy": ["gmm"]}),
+        "gender an object": json.dumps({**good_identity, "gender": {"x": 1}}),
+        "2 MB": json.dumps({**good_identity, "encoder": "x" * 2_000_000}),
+    }.get(case)
+    if digits:
+        text = json.dumps(good_identity).replace('"embedding": [', f'"embedding": [{"9" * digits}, ', 1)
+    path = _identity_file(tmp_path, text or "")
+    if case == "not UTF-8":
+        path.write_bytes(b'{"embedding": "\xff\xfe"}'.replace(b"\\xff\\xfe", b"\xff\xfe"))
+    _one_line_error(_file_with_identity(wav, tmp_path, path), contains="--identity")
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo"])
+def test_an_identity_that_is_not_a_regular_file_is_refused_at_once(tmp_path, wav, kind):
+    path = "/dev/zero"
+    if kind == "fifo":
+        path = tmp_path / "identity.json"
+        os.mkfifo(path)
+    _one_line_error(_file_with_identity(wav, tmp_path, path, timeout=60), contains="not a regular file")
+
+
+def _corpus(tmp_path, wav, entry: str):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wav.scp").write_text(f"u1 {wav}\nu2 {entry}\n")
+    (data / "utt2spk").write_text("u1 s1\nu2 s1\n")
+    (data / "spk2gender").write_text("s1 f\n")
+    return data
+
+
+@pytest.mark.parametrize("entry", ["fifo", "symlink loop", "/dev/zero"])
+def test_a_corpus_input_that_is_not_a_regular_file_is_a_usage_error(tmp_path, wav, entry):
+    if entry == "fifo":
+        os.mkfifo(tmp_path / "f.wav")
+    elif entry == "symlink loop":
+        (tmp_path / "a.wav").symlink_to(tmp_path / "b.wav")
+        (tmp_path / "b.wav").symlink_to(tmp_path / "a.wav")
+    path = {"fifo": tmp_path / "f.wav", "symlink loop": tmp_path / "a.wav"}.get(entry, entry)
+    data = _corpus(tmp_path, wav, str(path))
+    proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(tmp_path / "out"), "--workers", "0",
+                   "--method", "mcadams", "--no-progress", timeout=60)
+    _one_line_error(proc, contains="u2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_kaldi_table_that_is_a_fifo_is_refused(tmp_path, wav):
+    data = _corpus(tmp_path, wav, str(wav))
+    (data / "utt2spk").unlink()
+    os.mkfifo(data / "utt2spk")
+    proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(tmp_path / "out"), "--workers", "0",
+                   "--method", "mcadams", "--no-progress", timeout=60)
+    _one_line_error(proc, contains="not a regular file")
+

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import glob
 import os
-import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from rtanon.errors import UserError
+from rtanon.paths import printable, special_kind
 
 PART_SUFFIX = ".part"
 #: What a temporary name adds to the target's: ``.`` NAME ``.`` PID (7 digits at most) ``.`` 8 random ``.part``.
@@ -47,19 +47,18 @@ def check_target(path: str | os.PathLike) -> None:
     except FileNotFoundError:
         mode = None
     except OSError as exc:  # a symlink loop, a name too long...: say it in one line
-        raise OutputPathError(f"{path}: cannot be used as an output ({exc.strerror}); name another file") from None
-    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device", stat.S_IFIFO: "FIFO",
-                stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), "special file")
-        raise OutputPathError(f"{path}: is a {kind}, not a regular file; rtanon writes whole files and would "
-                              "replace it: name a regular file")
+        raise OutputPathError(f"{printable(path)}: cannot be used as an output ({exc.strerror}); name another "
+                              "file") from None
+    if mode is not None and (kind := special_kind(mode)):
+        raise OutputPathError(f"{printable(path)}: is a {kind}, not a regular file; rtanon writes whole files "
+                              "and would replace it: name a regular file")
     directory = path.parent if str(path.parent) else Path(".")
     try:
         name_max = os.pathconf(directory, "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
     if len(os.fsencode(path.name)) + _TEMP_EXTRA_BYTES > name_max:
-        raise OutputPathError(f"{path}: file name too long ({len(os.fsencode(path.name))} bytes; at most "
+        raise OutputPathError(f"{printable(path)}: file name too long ({len(os.fsencode(path.name))} bytes; at most "
                               f"{name_max - _TEMP_EXTRA_BYTES} here, to leave room for the temporary name): "
                               "use a shorter name")
 

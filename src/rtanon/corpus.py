@@ -103,7 +103,11 @@ def check_out_dir(src: KaldiDir, out: Path) -> None:
     if data_r.is_relative_to(out_r):
         raise CorpusError(f"--out {out} contains the input directory {src.root}; choose a folder outside it")
     for utt, path in src.wav.items():
-        if path.resolve().is_relative_to(out_r):
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as exc:  # Python raises RuntimeError on a symlink loop
+            raise CorpusError(f"utterance {utt}: {path}: cannot be resolved ({exc}); fix wav.scp") from None
+        if resolved.is_relative_to(out_r):
             raise CorpusError(f"--out {out} contains input audio {path} (utterance {utt}); choose another folder")
     if out.exists() and not out.is_dir():
         raise CorpusError(f"--out {out} exists and is not a folder")
@@ -122,7 +126,7 @@ def check_corpus(src: KaldiDir, out: Path, progress: bool = False) -> list[Utter
     """Every check before the first output (module docstring, step 1); returns the utterances, sorted."""
     from tqdm import tqdm
 
-    from rtanon.audio_io import AudioFileError, probe
+    from rtanon.audio_io import probe
 
     for utt in src.wav:
         check_utterance_id(utt)
@@ -133,7 +137,7 @@ def check_corpus(src: KaldiDir, out: Path, progress: bool = False) -> list[Utter
         try:
             info = probe(path)
             digest = file_sha256(path)
-        except AudioFileError as exc:
+        except UserError as exc:  # undecodable, truncated, not a regular file
             raise CorpusError(f"utterance {utt}: {exc}") from None
         except OSError as exc:
             raise CorpusError(f"utterance {utt}: {path}: cannot read: {exc.strerror or exc}") from None
@@ -246,11 +250,7 @@ def _anonymize_one(anonymizer, identity, job: dict, session=None) -> dict:
     res = {"utt": job["utt"], "seconds": job["seconds"], "pid": os.getpid()}
     try:
         session = session or anonymizer.open_session(seed=job["voice"], identity=identity)
-        anonymize_file(session, job["src"], job["dst"])
-        c = session.counters
-        if c.chunks and c.stage_errors == c.chunks:
-            Path(job["dst"]).unlink(missing_ok=True)
-            raise RuntimeError(f"every chunk failed ({c.last_error}); the output would be comfort noise only")
+        anonymize_file(session, job["src"], job["dst"])  # RunFailed when the output would be comfort noise only
         res["output_sha256"] = file_sha256(job["dst"])
     except Exception as exc:  # reported by utterance id; the other utterances go on
         res["error"] = f"{type(exc).__name__}: {exc}".replace("\n", " ")
