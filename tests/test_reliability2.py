@@ -194,3 +194,24 @@ def test_a_kaldi_table_that_is_a_fifo_is_refused(tmp_path, wav):
                    "--method", "mcadams", "--no-progress", timeout=60)
     _one_line_error(proc, contains="not a regular file")
 
+
+# -- 12. untrusted text reaches the terminal escaped and short ---------------------------------------------
+
+def test_identity_show_escapes_and_cuts_the_fields_of_the_file(tmp_path, good_identity):
+    evil = "\x1b]0;pwned\x07\x1b[2J"
+    body = {**good_identity, "gender": evil, "encoder": evil, "created_utc": "2" * 500_000,
+            "strategy": {"name": evil, evil: evil}}
+    path = _identity_file(tmp_path, json.dumps(body))
+    proc = _rtanon("identity", "show", str(path), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    assert "\\x1b]0;pwned" in proc.stdout  # shown, escaped
+    assert len(proc.stdout) < 2000, len(proc.stdout)
+
+
+def test_a_path_from_wav_scp_is_escaped_in_the_error_line(tmp_path, wav):
+    data = _corpus(tmp_path, wav, str(tmp_path / "\x1b[31mred\x1b[0m.wav"))
+    proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(tmp_path / "out"), "--workers", "0",
+                   "--method", "mcadams", "--no-progress", timeout=60)
+    _one_line_error(proc, contains="\\x1b[31mred")
+    assert "\x1b" not in proc.stderr

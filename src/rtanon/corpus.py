@@ -45,6 +45,7 @@ import numpy as np
 from rtanon import atomic
 from rtanon.errors import UserError
 from rtanon.kaldi import KaldiDir, write_map
+from rtanon.paths import printable
 
 ASSIGNMENTS = ("speaker", "utterance")
 RUN_FILE = "run.json"
@@ -438,7 +439,7 @@ def run_corpus(plan: CorpusPlan, executor_factory) -> RunResult:
                     w["cpu_s"] += r["cpu_s"]
                     if "error" in r:
                         failed[u.utt] = r["error"]
-                        bar.write(f"utterance {u.utt} failed: {r['error']}", file=sys.stderr)
+                        bar.write(f"utterance {u.utt} failed: {printable(r['error'], 500)}", file=sys.stderr)
                     else:
                         records[u.utt] = _record(u, f"{u.utt}.wav", r["output_sha256"], pseudo(u), settings, digest)
                         audio_s += u.seconds
