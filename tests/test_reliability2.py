@@ -215,3 +215,16 @@ def test_a_path_from_wav_scp_is_escaped_in_the_error_line(tmp_path, wav):
                    "--method", "mcadams", "--no-progress", timeout=60)
     _one_line_error(proc, contains="\\x1b[31mred")
     assert "\x1b" not in proc.stderr
+
+
+# -- 7. an utterance id too long for the writer's temporary name is refused before the first output ---------
+
+def test_an_utterance_id_too_long_for_the_temporary_name_is_refused_up_front(tmp_path, wav):
+    long_id = "u" * 240  # "u….wav" fits in 255 bytes, ".u….wav.PID.XXXXXXXX.part" does not
+    data = _corpus(tmp_path, wav, str(wav))
+    (data / "wav.scp").write_text(f"a0 {wav}\n{long_id} {wav}\n")
+    (data / "utt2spk").write_text(f"a0 s1\n{long_id} s1\n")
+    proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(tmp_path / "out"), "--workers", "0",
+                   "--method", "mcadams", "--no-progress", timeout=120)
+    _one_line_error(proc, contains="file name too long")
+    assert not (tmp_path / "out").exists()  # nothing written: a0 was not anonymized first

@@ -5,8 +5,9 @@ of the input plus ``wav.scp``, ``utt2spk``, ``spk2gender`` (and ``spk2age``,
 ``text`` when present), so the output is itself a Kaldi-style directory. It
 
 1. checks everything before the first output is written (:func:`check_corpus`):
-   utterance ids are safe file names (no separators, no ``..``, no leading dot;
-   duplicates are refused when the files are read), ``OUT`` is neither the
+   utterance ids are safe file names (no separators, no ``..``, no leading dot,
+   short enough for the writer's temporary name; duplicates are refused when
+   the files are read), ``OUT`` is neither the
    input nor holds any of it, and every input exists and has a decodable
    header; each input is hashed (sha256);
 2. fixes the pseudo-voices: one per speaker or per utterance
@@ -136,6 +137,7 @@ def check_corpus(src: KaldiDir, out: Path, progress: bool = False) -> list[Utter
     for utt in tqdm(sorted(src.wav), desc="checking inputs", unit="utt", disable=not progress, leave=False):
         path = src.wav[utt]
         try:
+            atomic.check_target(out / f"{utt}.wav")  # a name too long for its temporary file, a FIFO
             info = probe(path)
             digest = file_sha256(path)
         except UserError as exc:  # undecodable, truncated, not a regular file
