@@ -228,3 +228,89 @@ def test_an_utterance_id_too_long_for_the_temporary_name_is_refused_up_front(tmp
                    "--method", "mcadams", "--no-progress", timeout=120)
     _one_line_error(proc, contains="file name too long")
     assert not (tmp_path / "out").exists()  # nothing written: a0 was not anonymized first
+
+
+# -- 10. the control page checks every action and keeps nothing unchecked -----------------------------------
+
+BAD_ACTIONS = [
+    {"action": "devices", "input": {"a": 1}}, {"action": "devices", "output": [1]}, {"action": "devices", "input": 5},
+    {"action": "devices", "monitor": "x" * 1000}, {"action": "devices", "input": "mic\x1b[2J"},
+    {"action": "devices", "speaker": "x"}, {"action": "mute", "value": "false"}, {"action": "mute", "value": [[[]]]},
+    {"action": "chunk_ms", "value": "20"}, {"action": "chunk_ms", "value": True}, {"action": "chunk_ms", "value": 7},
+    {"action": "chunk_ms"}, {"action": "method", "value": {"x": 1}}, {"action": "method", "value": "nope"},
+    {"action": "stop", "extra": 1}, {"action": [1]}, {"action": {"a": "b"}}, {}, [1, 2],
+]
+
+
+@pytest.fixture
+def control(tmp_path):
+    from rtanon.live_control import LiveControl, LiveSettings
+
+    return LiveControl(LiveSettings(method="mcadams"), settings_file=tmp_path / "live-ui.json")
+
+
+@pytest.mark.parametrize("message", BAD_ACTIONS, ids=[json.dumps(m)[:40] for m in BAD_ACTIONS])
+def test_every_malformed_action_is_refused_in_one_line_and_nothing_is_saved(tmp_path, control, message):
+    from rtanon.errors import UserError
+
+    before = control.settings
+    with pytest.raises(UserError) as err:
+        control.act(message)
+    assert "\n" not in str(err.value) and "\x1b" not in str(err.value) and len(str(err.value)) < 400
+    assert control.settings == before and not (tmp_path / "live-ui.json").exists()
+
+
+def test_a_valid_device_action_is_saved(tmp_path, control):
+    control.act({"action": "devices", "input": "pulse:mic", "monitor": None})
+    saved = json.loads((tmp_path / "live-ui.json").read_text())
+    assert saved["input"] == "pulse:mic" and saved["monitor"] is None
+
+
+@pytest.mark.parametrize("stored", [{"input": {"a": 1}}, {"output": 5}, {"chunk_ms": 20.5}, {"chunk_ms": True},
+                                    {"method": ["mcadams"]}, [1], "[" * 50_000])
+def test_saved_settings_of_the_wrong_type_give_the_defaults(tmp_path, stored):
+    from rtanon.live_control import LiveSettings, load_settings
+
+    path = tmp_path / "live-ui.json"
+    path.write_text(stored if isinstance(stored, str) else json.dumps(stored))
+    assert load_settings(path) == LiveSettings()
+
+
+def test_the_server_answers_bad_json_with_400_and_a_dropped_handshake_in_one_line(control, capsys, caplog):
+    import asyncio
+    import logging
+
+    import aiohttp
+
+    from rtanon.ui.server import UiServer
+
+    async def scenario():
+        server = UiServer(control)
+        await server.start()
+        host = f"127.0.0.1:{server.port}"
+        try:
+            for _ in range(5):  # clients that go away during the WebSocket handshake
+                _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write((f"GET /ws?token={server.token} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+                              "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                              "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+                await writer.drain()
+                writer.transport.abort()
+            await asyncio.sleep(0.5)
+            answers = []
+            async with aiohttp.ClientSession() as client:
+                for body in ("[" * 100_000 + "]" * 100_000, json.dumps({"action": "mute", "value": {"a": [1]}})):
+                    async with client.post(f"http://{host}/api/action?token={server.token}", data=body,
+                                           headers={"Content-Type": "application/json"}) as resp:
+                        answers.append((resp.status, await resp.json()))
+            return answers
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.DEBUG):
+        answers = asyncio.run(scenario())
+    assert [status for status, _ in answers] == [400, 400], answers
+    assert all("error" in body for _, body in answers)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    err = capsys.readouterr().err.splitlines()
+    assert 1 <= len(err) <= 5 and all("closed its connection" in line for line in err), err
