@@ -314,3 +314,29 @@ def test_the_server_answers_bad_json_with_400_and_a_dropped_handshake_in_one_lin
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     err = capsys.readouterr().err.splitlines()
     assert 1 <= len(err) <= 5 and all("closed its connection" in line for line in err), err
+
+
+# -- 11. Ctrl-C on the control page exits 130, as documented ---------------------------------------------
+
+@pytest.mark.parametrize("command", [["ui"], ["live", "--ui", "--method", "mcadams"]])
+def test_ctrl_c_on_the_control_page_exits_130(tmp_path, command):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("aiohttp")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "PULSE_SERVER": "unix:/nonexistent/rtanon-test"}
+    proc = subprocess.Popen([sys.executable, "-m", "rtanon", *command, "--no-browser"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while "control page" not in line and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stderr.readline()
+        assert "control page" in line, (line, proc.poll())
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+        proc.communicate()
