@@ -340,3 +340,31 @@ def test_ctrl_c_on_the_control_page_exits_130(tmp_path, command):
     finally:
         proc.kill()
         proc.communicate()
+
+
+# -- 6. a folder sweep removes only what a dead rtanon writer left ---------------------------------------
+
+def test_a_folder_sweep_keeps_every_part_file_rtanon_did_not_leave(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ours = tmp_path / f".u1.wav.{dead.pid}.abcd_123.part"  # what a writer killed with SIGKILL left
+    others = [tmp_path / ".mydownload.part", tmp_path / ".notes.txt.part", tmp_path / ".x.wav.12ab.part",
+              tmp_path / f".u2.wav.{os.getpid()}.abcd1234.part"]  # the last: a writer still running
+    for p in [ours, *others]:
+        p.write_bytes(b"x")
+    assert atomic.remove_leftovers(tmp_path) == [ours]
+    assert sorted(tmp_path.iterdir()) == sorted(others)
+
+
+def test_anonymize_dir_keeps_a_users_part_files_in_an_existing_out(tmp_path, wav):
+    data = _corpus(tmp_path, wav, str(wav))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".mydownload.part").write_text("x")
+    proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(out), "--workers", "0", "--method", "mcadams",
+                   "--no-progress", "--seed", "1", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / ".mydownload.part").read_text() == "x"

@@ -9,8 +9,9 @@ block exits without an exception and is removed otherwise (the CLI turns
 SIGTERM and SIGHUP into an exception, so those clean up too). A process
 killed with SIGKILL cannot clean up: the next write of the same name removes
 the temporary files whose process is gone, and :func:`remove_leftovers`
-sweeps a folder. :func:`check_target` refuses, before any work, a target the
-rename would wrongly replace (a device, a FIFO, a socket) or whose temporary
+sweeps a folder (only names of this pattern whose PID is gone).
+:func:`check_target` refuses, before any work, a target the rename would
+wrongly replace (a device, a FIFO, a socket) or whose temporary
 name the file system cannot hold.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,7 +83,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     check_target(path)
     directory = path.parent if str(path.parent) else Path(".")
-    _sweep_dead(directory, path.name)
+    remove_leftovers(directory, path.name)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=PART_SUFFIX, dir=directory)
     except OSError as exc:  # name the file the user asked for, not the temporary one
@@ -129,25 +131,24 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _sweep_dead(directory: Path, name: str) -> None:
-    """Removes ``name``'s temporary files whose writing process is gone (killed with SIGKILL, or a
-    power cut); those of a live writer stay. Best effort: an unreadable folder fails later, clearly."""
-    try:
-        for p in directory.glob(f".{glob.escape(name)}.*{PART_SUFFIX}"):
-            pid = p.name[len(name) + 2 :].split(".", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)) and p.is_file():
-                p.unlink(missing_ok=True)
-    except OSError:
-        pass
+#: A temporary name: ``.NAME.PID.RANDOM.part`` (RANDOM: what ``tempfile.mkstemp`` draws).
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[a-z0-9_]+" + re.escape(PART_SUFFIX))
 
 
 def remove_leftovers(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
-    """Removes temporary files that a killed run left in ``directory`` (only
-    those for ``name`` when given) and returns what it removed."""
+    """Removes the temporary files that writers now gone (killed with SIGKILL, a power cut) left in
+    ``directory`` (only ``name``'s when given) and returns them: names of rtanon's own pattern whose PID no
+    longer runs. Anyone else's ``.*.part`` file, and a live writer's, stay. Best effort: an unreadable
+    folder fails later, clearly."""
     pattern = f".{glob.escape(name)}.*{PART_SUFFIX}" if name else f".*{PART_SUFFIX}"
     removed = []
-    for p in Path(directory).glob(pattern):
-        if p.is_file():
-            p.unlink(missing_ok=True)
-            removed.append(p)
+    try:
+        for p in Path(directory).glob(pattern):
+            m = _TEMP_NAME.fullmatch(p.name)
+            if (m and (name is None or m["name"] == name) and not _pid_alive(int(m["pid"]))
+                    and p.is_file() and not p.is_symlink()):
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    except OSError:
+        pass
     return removed
