@@ -368,3 +368,27 @@ def test_anonymize_dir_keeps_a_users_part_files_in_an_existing_out(tmp_path, wav
                    "--no-progress", "--seed", "1", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (out / ".mydownload.part").read_text() == "x"
+
+
+# -- 2. --ray-address with no cluster there: one line, exit 2, in seconds --------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed on return: nothing listens there
+
+
+@pytest.mark.parametrize("address, contains", [("127.0.0.1:{port}", "no Ray cluster there"),
+                                               ("garbage", "HOST:PORT"), ("host:99999", "HOST:PORT")])
+def test_a_ray_address_with_no_cluster_is_a_usage_error_in_seconds(tmp_path, wav, address, contains):
+    import time
+
+    pytest.importorskip("ray")
+    data = _corpus(tmp_path, wav, str(wav))
+    t0 = time.monotonic()
+    proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(tmp_path / "out"), "--method", "mcadams",
+                   "--no-progress", "--ray-address", address.format(port=_free_port()), timeout=100)
+    _one_line_error(proc, contains=contains)
+    assert time.monotonic() - t0 < 60

@@ -20,9 +20,12 @@ import time
 from pathlib import Path
 
 from rtanon.corpus import CorpusError, process_batch, warm_up
+from rtanon.paths import printable
 
 #: the version the [corpus] extra pins
 RAY_PIN = "ray==2.60.0"
+#: How long --ray-address may take to answer before the run gives up (Ray itself retries for minutes).
+CONNECT_TIMEOUT_S = 10.0
 
 
 def need_ray():
@@ -35,6 +38,23 @@ def need_ray():
     return ray
 
 
+def check_address(address: str) -> None:
+    """Raises CorpusError unless ``address`` is ``HOST:PORT`` (or ``ray://HOST:PORT``) and something there
+    accepts a connection within CONNECT_TIMEOUT_S: Ray would wait minutes for a cluster that is not there."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CorpusError(f"--ray-address {printable(address, 80)}: expected HOST:PORT, as `ray start --head` "
+                          "prints it (e.g. 127.0.0.1:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        why = f"no answer within {CONNECT_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else exc.strerror
+        raise CorpusError(f"--ray-address {printable(address, 80)}: no Ray cluster there ({why or exc}); start one with `ray start --head`, or leave the option out "
+                          "for a local Ray") from None
+
+
 def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     """Connects to the cluster at ``address`` or starts a local Ray with ``workers`` CPUs; returns the
     cluster's resources. Local workers import rtanon from where this process does."""
@@ -45,6 +65,8 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if here not in [str(Path(p).resolve()) for p in paths]:
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])  # Ray's workers inherit it
+    if address:
+        check_address(address)
     try:
         if address:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
