@@ -392,3 +392,43 @@ def test_a_ray_address_with_no_cluster_is_a_usage_error_in_seconds(tmp_path, wav
                    "--no-progress", "--ray-address", address.format(port=_free_port()), timeout=100)
     _one_line_error(proc, contains=contains)
     assert time.monotonic() - t0 < 60
+
+
+# -- 4. interrupting a Ray run: the documented status, one line, no temporary file left -----------------
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_ray_run_exits_with_the_signals_status_and_leaves_no_part_file(tmp_path, speech, sig, code):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("ray")
+    long_wav = tmp_path / "long.wav"
+    sf.write(long_wav, np.tile(speech, int(np.ceil(120 * RATE / speech.shape[0])))[: 120 * RATE], RATE)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wav.scp").write_text("".join(f"u{i:02d} {long_wav}\n" for i in range(16)))
+    (data / "utt2spk").write_text("".join(f"u{i:02d} s{i % 2}\n" for i in range(16)))
+    (data / "spk2gender").write_text("s0 f\ns1 m\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "rtanon", "anonymize-dir", "--data", str(data), "--out", str(out),
+                             "--workers", "2", "--batch", "1", "--method", "mcadams", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.is_dir() and any(p.name.endswith(".part") for p in out.iterdir()):
+                break  # a worker is writing
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == code, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) <= 2 and "***" not in err and "Traceback" not in err, err
+    assert [p.name for p in out.iterdir() if p.name.endswith(".part")] == []

@@ -121,7 +121,8 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
         f.write(data)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie not yet reaped counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -145,7 +146,7 @@ def remove_leftovers(directory: str | os.PathLike, name: str | None = None) -> l
     try:
         for p in Path(directory).glob(pattern):
             m = _TEMP_NAME.fullmatch(p.name)
-            if (m and (name is None or m["name"] == name) and not _pid_alive(int(m["pid"]))
+            if (m and (name is None or m["name"] == name) and not pid_alive(int(m["pid"]))
                     and p.is_file() and not p.is_symlink()):
                 p.unlink(missing_ok=True)
                 removed.append(p)

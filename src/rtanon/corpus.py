@@ -457,6 +457,7 @@ def run_corpus(plan: CorpusPlan, executor_factory) -> RunResult:
             bar.close()
             _write_manifest(out, records)
             executor.close()
+            atomic.remove_leftovers(out)  # what the executor's killed workers were writing
     else:
         _write_manifest(out, records)
     _write_kaldi(src, out, plan, records, failed, voices, key)
