@@ -432,3 +432,15 @@ def test_an_interrupted_ray_run_exits_with_the_signals_status_and_leaves_no_part
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) <= 2 and "***" not in err and "Traceback" not in err, err
     assert [p.name for p in out.iterdir() if p.name.endswith(".part")] == []
+
+
+@pytest.mark.parametrize("option", ["--vocoder", "--content", "--pool"])
+def test_a_model_file_that_is_a_fifo_is_refused_at_once(tmp_path, wav, option):
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    if option == "--pool":
+        args = ["identity", "new", "--pool", str(fifo), "--out", str(tmp_path / "x.json")]
+    else:
+        pytest.importorskip("onnxruntime")
+        args = ["file", str(wav), str(tmp_path / "o.wav"), "--method", "neural", option, str(fifo)]
+    _one_line_error(_rtanon(*args, timeout=60), contains="not a regular file")
