@@ -33,7 +33,8 @@ COMMANDS = [
 #: Exit statuses, as ``rtanon --help`` and the README list them.
 EXIT_CODES = (
     (0, "success"),
-    (1, "the run failed although its input was usable (e.g. chunks of a file failed and none was anonymized: no output written)"),
+    (1, "the run failed although its input was usable (e.g. chunks of a file failed and none was anonymized: "
+        "no output written)"),
     (2, "a usage error: bad option, unreadable or truncated input, unwritable output, missing device or tool"),
     (3, "an internal error (a bug: run again with --debug and report the traceback)"),
     (129, "stopped by SIGHUP"),

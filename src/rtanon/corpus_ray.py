@@ -58,8 +58,8 @@ def check_address(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         why = f"no answer within {CONNECT_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else exc.strerror
-        raise CorpusError(f"--ray-address {printable(address, 80)}: no Ray cluster there ({why or exc}); start one with `ray start --head`, or leave the option out "
-                          "for a local Ray") from None
+        raise CorpusError(f"--ray-address {printable(address, 80)}: no Ray cluster there ({why or exc}); start "
+                          "one with `ray start --head`, or leave the option out for a local Ray") from None
 
 
 def start_ray(address: str | None = None, workers: int | None = None) -> dict:
