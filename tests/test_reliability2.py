@@ -444,3 +444,50 @@ def test_a_model_file_that_is_a_fifo_is_refused_at_once(tmp_path, wav, option):
         pytest.importorskip("onnxruntime")
         args = ["file", str(wav), str(tmp_path / "o.wav"), "--method", "neural", option, str(fifo)]
     _one_line_error(_rtanon(*args, timeout=60), contains="not a regular file")
+
+
+# -- 5. the local Ray listens on 127.0.0.1 only -----------------------------------------------------------
+
+def _process_tree(root: int) -> set[int]:
+    parents = {}
+    for stat_file in os.listdir("/proc"):
+        if stat_file.isdigit():
+            try:
+                fields = open(f"/proc/{stat_file}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(stat_file)] = int(fields[1])
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
+
+
+def test_the_local_ray_listens_on_loopback_only():
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray")
+    if shutil.which("ss") is None:
+        pytest.skip("needs ss (iproute2)")
+    script = ("from rtanon.corpus_ray import start_ray, stop_ray\nstart_ray(None, 1)\nprint('READY', flush=True)\n"
+              "input()\nstop_ray()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        tree = _process_tree(proc.pid)
+        listening = []
+        for line in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout.splitlines():
+            pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+            if pids & tree:
+                listening.append(line.split()[3])
+    finally:
+        proc.communicate("\n", timeout=120)
+    assert len(listening) >= 3, listening  # the GCS, the raylet, this driver at least
+    loopback = ("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:")
+    assert all(address.startswith(loopback) for address in listening), listening

@@ -31,6 +31,8 @@ from rtanon.paths import printable
 RAY_PIN = "ray==2.60.0"
 #: How long --ray-address may take to answer before the run gives up (Ray itself retries for minutes).
 CONNECT_TIMEOUT_S = 10.0
+#: Ray's switch for clusters on this platform; off, a node's address is 127.0.0.1 and Ray listens there only.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: How long closing waits for killed actors to be gone.
 CLOSE_WAIT_S = 10.0
 
@@ -64,8 +66,17 @@ def check_address(address: str) -> None:
 
 def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     """Connects to the cluster at ``address`` or starts a local Ray with ``workers`` CPUs; returns the
-    cluster's resources. Local workers import rtanon from where this process does."""
+    cluster's resources. Local workers import rtanon from where this process does. A local Ray listens on
+    127.0.0.1 only: Ray binds its servers (GCS, raylet, workers, this driver) to loopback when the node's
+    address is loopback, which it chooses where it does not offer clusters (``LOOPBACK_ENV`` set to 0, read
+    when ray is imported, and its constant for a ray imported before)."""
+    if not address:
+        os.environ[LOOPBACK_ENV] = "0"  # the processes Ray starts inherit it
     ray = need_ray()
+    if not address:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     here = str(Path(__file__).resolve().parents[1])
