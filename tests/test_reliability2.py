@@ -491,3 +491,15 @@ def test_the_local_ray_listens_on_loopback_only():
     assert len(listening) >= 3, listening  # the GCS, the raylet, this driver at least
     loopback = ("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:")
     assert all(address.startswith(loopback) for address in listening), listening
+
+
+def test_a_failed_utterances_error_is_escaped_in_the_run_report(tmp_path, wav, speech):
+    bad = tmp_path / "bad\x1b[31m.flac"  # decodable header, corrupt frames: fails while it is anonymized
+    sf.write(bad, speech[: 2 * RATE], RATE)
+    data = bytearray(bad.read_bytes())
+    data[2000:-100] = b"\xff" * (len(data) - 2100)
+    bad.write_bytes(bytes(data))
+    proc = _rtanon("anonymize-dir", "--data", str(_corpus(tmp_path, wav, str(bad))), "--out", str(tmp_path / "out"),
+                   "--workers", "0", "--method", "mcadams", "--no-progress", timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "u2" in proc.stderr and "\\x1b[31m" in proc.stderr and "\x1b" not in proc.stderr
