@@ -57,12 +57,14 @@ def test_atomic_open_writes_whole_files_only(tmp_path):
 
 
 def test_leftovers_of_a_killed_run_are_swept_for_that_name_only(tmp_path):
-    (tmp_path / ".a.wav.k1ll3d.part").write_bytes(b"x")
-    (tmp_path / ".b.wav.k1ll3d.part").write_bytes(b"x")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".a.wav.{dead.pid}.k1ll3d.part").write_bytes(b"x")
+    (tmp_path / f".b.wav.{dead.pid}.k1ll3d.part").write_bytes(b"x")
     (tmp_path / "a.wav").write_bytes(b"keep")
     removed = atomic.remove_leftovers(tmp_path, "a.wav")
-    assert [p.name for p in removed] == [".a.wav.k1ll3d.part"]
-    assert _leftovers(tmp_path) == [".b.wav.k1ll3d.part"] and (tmp_path / "a.wav").exists()
+    assert [p.name for p in removed] == [f".a.wav.{dead.pid}.k1ll3d.part"]
+    assert _leftovers(tmp_path) == [f".b.wav.{dead.pid}.k1ll3d.part"] and (tmp_path / "a.wav").exists()
 
 
 def test_the_audio_writer_sweeps_a_killed_runs_leftover_and_cleans_its_own_failures(tmp_path):

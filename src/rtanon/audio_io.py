@@ -25,6 +25,7 @@ import soxr
 from rtanon.atomic import atomic_path
 from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.errors import RunFailed, UserError
+from rtanon.paths import check_regular
 
 BLOCK_SECONDS = 2.0
 
@@ -49,6 +50,7 @@ class AudioInfo:
 def probe(path: str | os.PathLike) -> AudioInfo:
     """Reads the header of ``path``; raises AudioFileError with the reason."""
     path = Path(path)
+    check_regular(path, "audio file")  # a FIFO would block, a device would never end
     if not path.exists():
         raise AudioFileError(f"{path}: no such file")
     if path.is_dir():
@@ -257,6 +259,7 @@ def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, prog
         for out in session.iter_process(blocks()):
             writer.write(out)
         c = session.counters
-        if c.chunks and c.stage_errors == c.chunks:  # comfort noise from end to end: not an anonymization
-            raise RunFailed(f"{dst} not written: every one of the {c.chunks} chunks failed ({c.last_error})")
+        if c.nothing_rendered:
+            raise RunFailed(f"{dst} not written: no chunk was anonymized, {c.stage_errors} of the {c.chunks} "
+                            f"failed ({c.last_error})")
     return info

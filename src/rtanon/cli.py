@@ -16,6 +16,10 @@ import traceback
 
 from rtanon import __version__
 from rtanon.errors import Interrupted, UserError
+from rtanon.paths import printable
+
+#: The longest error line: a message carries paths and fields of files, which anyone may have written.
+ERROR_CHARS = 2000
 
 #: Subcommand modules, in the order ``rtanon --help`` lists them.
 COMMANDS = [
@@ -29,7 +33,8 @@ COMMANDS = [
 #: Exit statuses, as ``rtanon --help`` and the README list them.
 EXIT_CODES = (
     (0, "success"),
-    (1, "the run failed although its input was usable (e.g. every chunk of a file failed: no output written)"),
+    (1, "the run failed although its input was usable (e.g. chunks of a file failed and none was anonymized: "
+        "no output written)"),
     (2, "a usage error: bad option, unreadable or truncated input, unwritable output, missing device or tool"),
     (3, "an internal error (a bug: run again with --debug and report the traceback)"),
     (129, "stopped by SIGHUP"),
@@ -89,19 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if debug:
             traceback.print_exc()
-        print(f"{name}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {printable(exc, ERROR_CHARS)}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a file or folder the system refused: not a bug of rtanon
         if debug:
             traceback.print_exc()
-        where = f" {exc.filename}:" if exc.filename else ""
+        where = f" {printable(exc.filename)}:" if exc.filename else ""
         print(f"{name}: error:{where} {exc.strerror or exc}; check the path, its permissions and the free "
               "space", file=sys.stderr)
         return 2
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        text = " ".join(str(exc).split())[:300]
+        text = printable(" ".join(str(exc).split()), 300)
         print(f"{name}: internal error: {type(exc).__name__}: {text} (run again with --debug for the "
               "traceback, and report it)", file=sys.stderr)
         return 3

@@ -5,8 +5,9 @@ of the input plus ``wav.scp``, ``utt2spk``, ``spk2gender`` (and ``spk2age``,
 ``text`` when present), so the output is itself a Kaldi-style directory. It
 
 1. checks everything before the first output is written (:func:`check_corpus`):
-   utterance ids are safe file names (no separators, no ``..``, no leading dot;
-   duplicates are refused when the files are read), ``OUT`` is neither the
+   utterance ids are safe file names (no separators, no ``..``, no leading dot,
+   short enough for the writer's temporary name; duplicates are refused when
+   the files are read), ``OUT`` is neither the
    input nor holds any of it, and every input exists and has a decodable
    header; each input is hashed (sha256);
 2. fixes the pseudo-voices: one per speaker or per utterance
@@ -45,6 +46,7 @@ import numpy as np
 from rtanon import atomic
 from rtanon.errors import UserError
 from rtanon.kaldi import KaldiDir, write_map
+from rtanon.paths import printable
 
 ASSIGNMENTS = ("speaker", "utterance")
 RUN_FILE = "run.json"
@@ -103,7 +105,11 @@ def check_out_dir(src: KaldiDir, out: Path) -> None:
     if data_r.is_relative_to(out_r):
         raise CorpusError(f"--out {out} contains the input directory {src.root}; choose a folder outside it")
     for utt, path in src.wav.items():
-        if path.resolve().is_relative_to(out_r):
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as exc:  # Python raises RuntimeError on a symlink loop
+            raise CorpusError(f"utterance {utt}: {path}: cannot be resolved ({exc}); fix wav.scp") from None
+        if resolved.is_relative_to(out_r):
             raise CorpusError(f"--out {out} contains input audio {path} (utterance {utt}); choose another folder")
     if out.exists() and not out.is_dir():
         raise CorpusError(f"--out {out} exists and is not a folder")
@@ -122,7 +128,7 @@ def check_corpus(src: KaldiDir, out: Path, progress: bool = False) -> list[Utter
     """Every check before the first output (module docstring, step 1); returns the utterances, sorted."""
     from tqdm import tqdm
 
-    from rtanon.audio_io import AudioFileError, probe
+    from rtanon.audio_io import probe
 
     for utt in src.wav:
         check_utterance_id(utt)
@@ -131,9 +137,10 @@ def check_corpus(src: KaldiDir, out: Path, progress: bool = False) -> list[Utter
     for utt in tqdm(sorted(src.wav), desc="checking inputs", unit="utt", disable=not progress, leave=False):
         path = src.wav[utt]
         try:
+            atomic.check_target(out / f"{utt}.wav")  # a name too long for its temporary file, a FIFO
             info = probe(path)
             digest = file_sha256(path)
-        except AudioFileError as exc:
+        except UserError as exc:  # undecodable, truncated, not a regular file
             raise CorpusError(f"utterance {utt}: {exc}") from None
         except OSError as exc:
             raise CorpusError(f"utterance {utt}: {path}: cannot read: {exc.strerror or exc}") from None
@@ -246,11 +253,7 @@ def _anonymize_one(anonymizer, identity, job: dict, session=None) -> dict:
     res = {"utt": job["utt"], "seconds": job["seconds"], "pid": os.getpid()}
     try:
         session = session or anonymizer.open_session(seed=job["voice"], identity=identity)
-        anonymize_file(session, job["src"], job["dst"])
-        c = session.counters
-        if c.chunks and c.stage_errors == c.chunks:
-            Path(job["dst"]).unlink(missing_ok=True)
-            raise RuntimeError(f"every chunk failed ({c.last_error}); the output would be comfort noise only")
+        anonymize_file(session, job["src"], job["dst"])  # RunFailed when the output would be comfort noise only
         res["output_sha256"] = file_sha256(job["dst"])
     except Exception as exc:  # reported by utterance id; the other utterances go on
         res["error"] = f"{type(exc).__name__}: {exc}".replace("\n", " ")
@@ -438,7 +441,7 @@ def run_corpus(plan: CorpusPlan, executor_factory) -> RunResult:
                     w["cpu_s"] += r["cpu_s"]
                     if "error" in r:
                         failed[u.utt] = r["error"]
-                        bar.write(f"utterance {u.utt} failed: {r['error']}", file=sys.stderr)
+                        bar.write(f"utterance {u.utt} failed: {printable(r['error'], 500)}", file=sys.stderr)
                     else:
                         records[u.utt] = _record(u, f"{u.utt}.wav", r["output_sha256"], pseudo(u), settings, digest)
                         audio_s += u.seconds
@@ -454,6 +457,7 @@ def run_corpus(plan: CorpusPlan, executor_factory) -> RunResult:
             bar.close()
             _write_manifest(out, records)
             executor.close()
+            atomic.remove_leftovers(out)  # what the executor's killed workers were writing
     else:
         _write_manifest(out, records)
     _write_kaldi(src, out, plan, records, failed, voices, key)

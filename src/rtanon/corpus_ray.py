@@ -16,13 +16,25 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+from rtanon.atomic import pid_alive
 from rtanon.corpus import CorpusError, process_batch, warm_up
+from rtanon.errors import Interrupted
+from rtanon.paths import printable
 
 #: the version the [corpus] extra pins
 RAY_PIN = "ray==2.60.0"
+#: How long --ray-address may take to answer before the run gives up (Ray itself retries for minutes).
+CONNECT_TIMEOUT_S = 10.0
+#: Ray's switch for clusters on this platform; off, a node's address is 127.0.0.1 and Ray listens there only.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: How long closing waits for killed actors to be gone.
+CLOSE_WAIT_S = 10.0
 
 
 def need_ray():
@@ -35,16 +47,45 @@ def need_ray():
     return ray
 
 
+def check_address(address: str) -> None:
+    """Raises CorpusError unless ``address`` is ``HOST:PORT`` (or ``ray://HOST:PORT``) and something there
+    accepts a connection within CONNECT_TIMEOUT_S: Ray would wait minutes for a cluster that is not there."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CorpusError(f"--ray-address {printable(address, 80)}: expected HOST:PORT, as `ray start --head` "
+                          "prints it (e.g. 127.0.0.1:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        why = f"no answer within {CONNECT_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else exc.strerror
+        raise CorpusError(f"--ray-address {printable(address, 80)}: no Ray cluster there ({why or exc}); start "
+                          "one with `ray start --head`, or leave the option out for a local Ray") from None
+
+
 def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     """Connects to the cluster at ``address`` or starts a local Ray with ``workers`` CPUs; returns the
-    cluster's resources. Local workers import rtanon from where this process does."""
+    cluster's resources. Local workers import rtanon from where this process does. A local Ray listens on
+    127.0.0.1 only: Ray binds its servers (GCS, raylet, workers, this driver) to loopback when the node's
+    address is loopback, which it chooses where it does not offer clusters (``LOOPBACK_ENV`` set to 0, read
+    when ray is imported, and its constant for a ray imported before)."""
+    if not address:
+        os.environ[LOOPBACK_ENV] = "0"  # the processes Ray starts inherit it
     ray = need_ray()
+    if not address:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     here = str(Path(__file__).resolve().parents[1])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if here not in [str(Path(p).resolve()) for p in paths]:
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])  # Ray's workers inherit it
+    if address:
+        check_address(address)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         if address:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
@@ -54,7 +95,24 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     except ConnectionError as exc:
         raise CorpusError(f"--ray-address {address}: no Ray cluster there ({exc}); start one with "
                           "`ray start --head`") from None
+    finally:  # Ray's core worker takes SIGTERM over (a stack dump, exit 1): the CLI's handlers come back
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
     return dict(ray.cluster_resources())
+
+
+@contextmanager
+def _interrupts_through_ray():
+    """Ray's Cython calls turn what a signal handler raises while they wait (the CLI's ``Interrupted`` on
+    SIGTERM or SIGHUP) into a SystemError: this gives the interrupt back, so the run stops with its status."""
+    try:
+        yield
+    except SystemError as exc:
+        if isinstance(exc.__context__, (Interrupted, KeyboardInterrupt)):
+            raise exc.__context__ from None
+        raise
 
 
 def stop_ray() -> None:
@@ -119,7 +177,8 @@ class RayExecutor:
         actor = ray.remote(num_cpus=1, num_gpus=gpus)(CorpusWorker)
         self._actors = [actor.remote(config, identity) for _ in range(self.workers)]
         try:
-            self.ready = ray.get([a.ready.remote() for a in self._actors])
+            with _interrupts_through_ray():
+                self.ready = ray.get([a.ready.remote() for a in self._actors])
         except ray.exceptions.RayError as exc:
             self.close()
             raise CorpusError(f"a Ray worker could not load the models: {str(exc).splitlines()[-1]}") from None
@@ -130,13 +189,23 @@ class RayExecutor:
     def run(self, batches):
         ray = need_ray()
         try:
-            yield from self._pool.map_unordered(lambda a, batch: a.process.remote(batch), batches)
+            with _interrupts_through_ray():
+                yield from self._pool.map_unordered(lambda a, batch: a.process.remote(batch), batches)
         except ray.exceptions.RayError as exc:  # a worker process died (killed, out of memory)
             raise CorpusError(f"a Ray worker died ({str(exc).splitlines()[0]}); the work done so far is "
                               "recorded: rerun the same command to continue") from None
 
     def close(self) -> None:
+        """Kills the actors and waits (at most CLOSE_WAIT_S) until those on this node are gone, so that
+        the temporary files they were writing are a dead writer's, which the caller may sweep."""
         ray = need_ray()
         for a in self._actors:
             ray.kill(a)
         self._actors = []
+        here = ray.get_runtime_context().get_node_id()[:8]
+        pids = [int(pid) for node, _, pid in (name.partition(":") for name, _ in getattr(self, "ready", []))
+                if node == here]
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pids = [pid for pid in pids if pid_alive(pid)]

@@ -24,6 +24,7 @@ import numpy as np
 
 from rtanon.config import AnonymizerConfig
 from rtanon.methods import METHODS, Method
+from rtanon.paths import printable
 from rtanon.stages import Stage, check_chunk
 from rtanon.stages.vad import VadStage
 
@@ -34,12 +35,19 @@ class Counters:
 
     chunks: int = 0
     speech_chunks: int = 0
+    rendered_chunks: int = 0  # speech chunks whose method output was not silence: real anonymized audio
     stage_errors: int = 0
     nonfinite_inputs: int = 0
     missed_deadlines: int = 0  # output needed before the worker had it (live)
     input_overflows: int = 0  # device-reported (live)
     output_underflows: int = 0  # device-reported (live)
     last_error: str = ""
+
+    @property
+    def nothing_rendered(self) -> bool:
+        """Stages failed and no chunk carried anonymized speech: the output is comfort noise only, so it is
+        a failed run, not an anonymization (a broken identity fails some chunks and silences the rest)."""
+        return self.stage_errors > 0 and self.rendered_chunks == 0
 
 
 @dataclass
@@ -162,8 +170,8 @@ class Session:
         """Description of this session's pseudo-voice."""
         voice = self._method.describe_voice(self.stages)
         if self.identity is not None:
-            voice["identity"] = {"strategy": self.identity.strategy.get("name"),
-                                 "created_utc": self.identity.created_utc}
+            voice["identity"] = {"strategy": printable(self.identity.strategy.get("name"), 40),
+                                 "created_utc": printable(self.identity.created_utc, 40)}
         return voice
 
     def comfort_noise(self, n: int) -> np.ndarray:
@@ -208,6 +216,7 @@ class Session:
             speech, y = False, np.zeros_like(x)
         self.counters.chunks += 1
         self.counters.speech_chunks += bool(speech)
+        self.counters.rendered_chunks += bool(speech) and bool(np.any(y))
         self.last_speech = bool(speech)
         target = 1.0 if speech else 0.0
         ramp = np.linspace(self._gain, target, self.chunk_samples, endpoint=False, dtype=np.float32)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rtanon import atomic
 from rtanon.errors import UserError
+from rtanon.paths import check_regular
 
 
 class KaldiDirError(UserError):
@@ -23,6 +24,7 @@ def _read_map(path: Path, required: bool = True) -> dict[str, str]:
         if required:
             raise KaldiDirError(f"{path}: missing (a Kaldi-style directory needs wav.scp, utt2spk, spk2gender)")
         return {}
+    check_regular(path, "Kaldi table")  # a FIFO would block the run
     table: dict[str, str] = {}
     first: dict[str, int] = {}
     try:

@@ -30,9 +30,15 @@ from pathlib import Path
 
 from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, SAMPLE_RATE_HZ, AnonymizerConfig, ConfigError, StreamConfig
 from rtanon.engine import Anonymizer, Session
+from rtanon.errors import UserError
 from rtanon.live import LiveConfig, LiveCore, pick_rate, resolve_device
+from rtanon.paths import printable, read_capped
 
 SETTINGS_NAME = "live-ui.json"
+#: A settings file is about 100 bytes; a larger one is not ours.
+MAX_SETTINGS_BYTES = 1 << 16
+#: The longest device name a setting may hold (PortAudio and PulseAudio names are far shorter).
+DEVICE_CHARS = 256
 
 
 @dataclass
@@ -47,10 +53,17 @@ class LiveSettings:
     chunk_ms: int = StreamConfig().chunk_ms
 
     def validate(self) -> None:
-        if self.method not in METHOD_NAMES:
-            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHOD_NAMES)}")
-        if self.chunk_ms not in ALLOWED_CHUNK_MS:
-            raise ConfigError(f"chunk_ms={self.chunk_ms}; use one of {ALLOWED_CHUNK_MS}")
+        """Every field by type and range (the settings file and the page's messages are untrusted)."""
+        for name in ("input", "output", "monitor"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and len(value) <= DEVICE_CHARS
+                                          and value.isprintable()):
+                raise ConfigError(f"device {name} must be a device name or index as text (at most "
+                                  f"{DEVICE_CHARS} printable characters) or null, not {printable(value, 40)}")
+        if not isinstance(self.method, str) or self.method not in METHOD_NAMES:
+            raise ConfigError(f"unknown method {printable(self.method, 40)}; choose one of {', '.join(METHOD_NAMES)}")
+        if type(self.chunk_ms) is not int or self.chunk_ms not in ALLOWED_CHUNK_MS:
+            raise ConfigError(f"chunk_ms={printable(self.chunk_ms, 40)}; use one of {ALLOWED_CHUNK_MS}")
 
 
 def settings_path() -> Path:
@@ -63,18 +76,20 @@ def load_settings(path: Path | None = None) -> LiveSettings:
     """The saved settings, or the defaults when there are none (or they are unreadable)."""
     path = path or settings_path()
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_capped(path, MAX_SETTINGS_BYTES, "settings file"))
         known = {f.name for f in fields(LiveSettings)}
         settings = LiveSettings(**{k: v for k, v in raw.items() if k in known})
         settings.validate()
         return settings
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError, UserError):
         return LiveSettings()
 
 
 def save_settings(settings: LiveSettings, path: Path | None = None) -> None:
+    """Writes ``settings`` once they validate (ConfigError otherwise: nothing unchecked is kept)."""
     from rtanon.atomic import write_text
 
+    settings.validate()
     path = path or settings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(asdict(settings), indent=1) + "\n")
@@ -275,8 +290,8 @@ class LiveControl:
             self._switch_engine(method=method)
 
     def set_chunk_ms(self, chunk_ms: int) -> None:
-        if int(chunk_ms) != self.settings.chunk_ms:
-            self._switch_engine(chunk_ms=int(chunk_ms))
+        if chunk_ms != self.settings.chunk_ms:
+            self._switch_engine(chunk_ms=chunk_ms)
 
     def set_devices(self, **devices: str | None) -> None:
         """``input``, ``output``, ``monitor`` (None or "" for default / no monitor); reopens the
@@ -286,7 +301,9 @@ class LiveControl:
             raise ConfigError(f"unknown device setting(s): {', '.join(sorted(unknown))}")
         with self._lock:
             old = replace(self.settings)
-            self.settings = replace(self.settings, **{k: (v or None) for k, v in devices.items()})
+            new = replace(self.settings, **{k: (v or None) for k, v in devices.items()})
+            new.validate()
+            self.settings = new
             was_running = self.running
             self.stop()
             if not was_running:
@@ -306,11 +323,22 @@ class LiveControl:
         pulse.create()
 
     def act(self, message: dict) -> None:
-        """One action as the page sends it: ``{"action": NAME, ...}`` (see ``ACTIONS``)."""
-        handler = ACTIONS.get(message.get("action"))
-        if handler is None:
-            raise ConfigError(f"unknown action {message.get('action')!r}; use one of {', '.join(ACTIONS)}")
-        handler(self, message)
+        """One action as the page sends it: ``{"action": NAME, FIELD: VALUE...}`` (see ``ACTIONS``). Each
+        field is checked by name and type before anything happens; ranges are the setters'."""
+        name = message.get("action") if isinstance(message, dict) else None
+        if not isinstance(name, str) or name not in ACTIONS:
+            raise ConfigError(f"unknown action {printable(name, 40)}; use one of {', '.join(ACTIONS)}")
+        types, handler = ACTIONS[name]
+        values = {k: v for k, v in message.items() if k != "action"}
+        for key, value in values.items():
+            if key not in types:
+                raise ConfigError(f"action {name} takes {', '.join(types) or 'no fields'}, not "
+                                  f"{printable(key, 40)}")
+            kinds = types[key] if isinstance(types[key], tuple) else (types[key],)
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise ConfigError(f"action {name}: {key} must be "
+                                  f"{' or '.join(_JSON_TYPE[k] for k in kinds)}, not {printable(value, 40)}")
+        handler(self, **values)
 
     # -- what the page shows ----------------------------------------------------------
     def status(self) -> dict:
@@ -363,22 +391,17 @@ class LiveControl:
         return {"inputs": inputs, "outputs": outputs, "virtual_mic": virtual}
 
 
-def _chunk_ms(control: LiveControl, message: dict) -> None:
-    try:
-        chunk_ms = int(message.get("value"))
-    except (TypeError, ValueError):
-        raise ConfigError(f"chunk_ms must be one of {ALLOWED_CHUNK_MS}") from None
-    control.set_chunk_ms(chunk_ms)
+_JSON_TYPE = {bool: "true or false", int: "an integer", str: "a string", type(None): "null"}
+_DEVICE = (str, type(None))
 
-
-#: The page's actions: name -> handler(control, message).
+#: The page's actions: name -> (the fields it takes, with their types; handler(control, **fields)).
 ACTIONS = {
-    "start": lambda c, m: c.start(),
-    "stop": lambda c, m: c.stop(),
-    "mute": lambda c, m: c.set_mute(bool(m.get("value", True))),
-    "new_voice": lambda c, m: c.new_voice(),
-    "method": lambda c, m: c.set_method(str(m.get("value"))),
-    "chunk_ms": _chunk_ms,
-    "devices": lambda c, m: c.set_devices(**{k: m[k] for k in ("input", "output", "monitor") if k in m}),
-    "create_virtual_mic": lambda c, m: c.create_virtual_mic(),
+    "start": ({}, lambda c: c.start()),
+    "stop": ({}, lambda c: c.stop()),
+    "mute": ({"value": bool}, lambda c, value=True: c.set_mute(value)),
+    "new_voice": ({}, lambda c: c.new_voice()),
+    "method": ({"value": str}, lambda c, value=None: c.set_method(value)),
+    "chunk_ms": ({"value": int}, lambda c, value=None: c.set_chunk_ms(value)),
+    "devices": ({"input": _DEVICE, "output": _DEVICE, "monitor": _DEVICE}, lambda c, **d: c.set_devices(**d)),
+    "create_virtual_mic": ({}, lambda c: c.create_virtual_mic()),
 }

@@ -105,6 +105,7 @@ def anonymize(data, out, config, identity, args) -> int:
     from pathlib import Path
 
     from rtanon.corpus import CorpusPlan, InProcessExecutor, run_corpus
+    from rtanon.paths import printable
 
     plan = CorpusPlan(data, Path(out), config, assignment=args.assignment, seed=args.seed, identity=identity,
                       batch=args.batch, progress=args.progress)
@@ -133,6 +134,6 @@ def anonymize(data, out, config, identity, args) -> int:
         print(f"failed utterances (also in {result.out / 'failed'}; rerun the same command to retry them):",
               file=sys.stderr)
         for utt, err in sorted(result.failed.items()):
-            print(f"  {utt}: {err}", file=sys.stderr)
+            print(f"  {utt}: {printable(err, 500)}", file=sys.stderr)
         return 1
     return 0

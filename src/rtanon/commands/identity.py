@@ -108,26 +108,32 @@ def _embed(encoder, audio, path: str):
 
 
 def _describe(ident) -> str:
+    """One line; the fields of a file (which anyone may have written) escaped and cut short."""
     import numpy as np
 
+    from rtanon.paths import printable
+
     s = ident.strategy
-    extra = ", ".join(f"{k}={v}" for k, v in s.items() if k not in ("name",) and v is not None)
+    extra = ", ".join(f"{printable(k, 40)}={printable(v, 80)}" for k, v in list(s.items())[:20]
+                      if k not in ("name",) and v is not None)
     q = ident.f0_quantiles_hz
     lv = np.asarray(ident.quantile_levels)
     p5, p50, p95 = (float(np.interp(x, lv, q)) for x in (0.05, 0.5, 0.95))
-    return (f"{s.get('name')} ({extra}), gender {ident.gender}, F0 median {p50:.0f} Hz "
-            f"(5-95 %: {p5:.0f}-{p95:.0f} Hz), {ident.embedding.shape[0]}-dim {ident.encoder} embedding")
+    return (f"{printable(s.get('name'), 40)} ({extra}), gender {printable(ident.gender, 20)}, F0 median "
+            f"{p50:.0f} Hz (5-95 %: {p5:.0f}-{p95:.0f} Hz), {ident.embedding.shape[0]}-dim "
+            f"{printable(ident.encoder, 80)} embedding")
 
 
 def run_show(args) -> int:
     from rtanon.errors import CliError
     from rtanon.identity.speaker import IdentityError, PseudoSpeaker
+    from rtanon.paths import printable
 
     try:
         ident = PseudoSpeaker.load(args.file)
     except IdentityError as exc:
         raise CliError(str(exc)) from None
-    print(f"{args.file}: {_describe(ident)}; created {ident.created_utc}")
+    print(f"{printable(args.file)}: {_describe(ident)}; created {printable(ident.created_utc, 40)}")
     return 0
 
 

@@ -94,7 +94,8 @@ def run(args) -> int:
 
 
 def run_ui(args, settings) -> int:
-    """Runs the live anonymizer behind the control page until Ctrl-C."""
+    """Runs the live anonymizer behind the control page until Ctrl-C (KeyboardInterrupt goes on to the CLI,
+    which exits 130 as documented, after the summary)."""
     import sys
 
     from rtanon.commands._common import config_from_args
@@ -117,12 +118,11 @@ def run_ui(args, settings) -> int:
         print(f"rtanon live: {control.last_error}", file=sys.stderr)
     try:
         serve(control, open_browser=not args.no_browser)
-    except KeyboardInterrupt:
-        pass
     finally:
         control.stop()
-    c = control.session.counters if control.session is not None else None
-    if c is not None:
-        print(f"stopped: {c.chunks} chunks ({c.speech_chunks} speech), missed deadlines {c.missed_deadlines}, "
-              f"xruns {c.input_overflows + c.output_underflows}, stage errors {c.stage_errors}")
+        c = control.session.counters if control.session is not None else None
+        if c is not None:
+            print(f"stopped: {c.chunks} chunks ({c.speech_chunks} speech), missed deadlines "
+                  f"{c.missed_deadlines}, xruns {c.input_overflows + c.output_underflows}, stage errors "
+                  f"{c.stage_errors}")
     return 0

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from rtanon.atomic import atomic_open
+from rtanon.paths import check_regular
 from rtanon.identity.pitch import QUANTILE_LEVELS
 
 POOL_FORMAT_VERSION = 1
@@ -101,6 +102,7 @@ class SpeakerPool:
     @classmethod
     def load(cls, path: str | Path) -> "SpeakerPool":
         path = Path(path)
+        check_regular(path, "pool file")  # np.load would wait on a FIFO forever
         if not path.exists():
             raise PoolError(f"{path}: no such pool file; build one with `rtanon pool build --data DIR --out {path}`")
         try:

@@ -24,6 +24,7 @@ import numpy as np
 
 from rtanon import atomic
 from rtanon.errors import UserError
+from rtanon.paths import InputPathError, printable, read_capped
 from rtanon.identity.generate import Generator, GmmConfig
 from rtanon.identity.pool import SpeakerPool, unit_norm
 from rtanon.identity.select import DISTANCES, GENDER_CHOICES, PROXIMITIES, SelectionConfig, Selector
@@ -38,6 +39,8 @@ NEEDS_USER = ("near", "far")
 #: voices span 35 to 630 Hz from their lowest to their highest quantile (300 gmm and random draws).
 F0_QUANTILE_RANGE_HZ = (20.0, 1000.0)
 F0_MEDIAN_RANGE_HZ = (50.0, 500.0)
+#: An identity file is about 6 kB; anything larger than this is not one.
+MAX_IDENTITY_BYTES = 1 << 20
 
 
 class IdentityError(ValueError, UserError):
@@ -78,49 +81,66 @@ class PseudoSpeaker:
     def load(cls, path: str | Path) -> "PseudoSpeaker":
         path = Path(path)
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
+            d = json.loads(read_capped(path, MAX_IDENTITY_BYTES, "identity file").decode("utf-8"))
         except FileNotFoundError:
-            raise IdentityError(f"{path}: no such identity file; make one with "
-                                f"`rtanon identity new --strategy gmm --out {path}`") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise IdentityError(f"{path}: not an rtanon identity file ({exc})") from None
+            raise IdentityError(f"{printable(path)}: no such identity file; make one with "
+                                f"`rtanon identity new --strategy gmm --out {printable(path)}`") from None
+        except InputPathError as exc:
+            raise IdentityError(str(exc)) from None
+        except (OSError, ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, too deep, too many digits
+            raise IdentityError(f"{printable(path)}: not an rtanon identity file "
+                                f"({printable(exc, 120)})") from None
         if not isinstance(d, dict) or "embedding" not in d or "f0_quantiles_hz" not in d:
-            raise IdentityError(f"{path}: an identity file needs 'embedding' and 'f0_quantiles_hz'")
+            raise IdentityError(f"{printable(path)}: an identity file needs 'embedding' and 'f0_quantiles_hz'")
+        for key, kind in (("strategy", dict), ("gender", str), ("created_utc", str), ("encoder", str)):
+            if not isinstance(d.get(key, kind()), kind):
+                raise IdentityError(f"{printable(path)}: {key!r} must be a JSON "
+                                    f"{'object' if kind is dict else 'string'}; make a new identity with "
+                                    "`rtanon identity new`")
         if d.get("format_version", IDENTITY_FORMAT_VERSION) != IDENTITY_FORMAT_VERSION:
-            raise IdentityError(f"{path}: identity format {d.get('format_version')}, this rtanon reads "
-                                f"{IDENTITY_FORMAT_VERSION}")
+            raise IdentityError(f"{printable(path)}: identity format {printable(d.get('format_version'), 20)}, "
+                                f"this rtanon reads {IDENTITY_FORMAT_VERSION}")
         emb = _numbers(d["embedding"], "embedding", path)
         f0 = _numbers(d["f0_quantiles_hz"], "f0_quantiles_hz", path)
         levels = (_numbers(d["quantile_levels"], "quantile_levels", path) if d.get("quantile_levels") is not None
                   else np.linspace(0.0, 1.0, f0.shape[0]).round(4))
-        if np.linalg.norm(emb) == 0:
-            raise IdentityError(f"{path}: 'embedding' is all zeros; make a new identity with `rtanon identity new`")
+        with np.errstate(all="ignore"):
+            emb = unit_norm(emb)
+        if not np.isfinite(emb).all() or not np.any(emb):  # zeros, or squares beyond float32 (values over 1e19)
+            raise IdentityError(f"{printable(path)}: 'embedding' is all zeros or too large for float32; make a "
+                                "new identity with `rtanon identity new`")
         if levels.shape[0] < 2 or levels[0] < 0.0 or levels[-1] > 1.0 or np.any(np.diff(levels) <= 0):
-            raise IdentityError(f"{path}: 'quantile_levels' must be increasing fractions from 0 to 1")
+            raise IdentityError(f"{printable(path)}: 'quantile_levels' must be increasing fractions from 0 to 1")
         if f0.shape != levels.shape:
-            raise IdentityError(f"{path}: 'f0_quantiles_hz' has {f0.shape[0]} values for "
+            raise IdentityError(f"{printable(path)}: 'f0_quantiles_hz' has {f0.shape[0]} values for "
                                 f"{levels.shape[0]} quantile levels")
         lo, hi = F0_QUANTILE_RANGE_HZ
         median = float(np.interp(0.5, levels, f0))
         if (f0.min() < lo or f0.max() > hi or np.any(np.diff(f0) < 0)
                 or not F0_MEDIAN_RANGE_HZ[0] <= median <= F0_MEDIAN_RANGE_HZ[1]):
-            raise IdentityError(f"{path}: 'f0_quantiles_hz' must be non-decreasing voice pitches from {lo:.0f} to "
-                                f"{hi:.0f} Hz with a median from {F0_MEDIAN_RANGE_HZ[0]:.0f} to "
+            raise IdentityError(f"{printable(path)}: 'f0_quantiles_hz' must be non-decreasing voice pitches "
+                                f"from {lo:.0f} to {hi:.0f} Hz with a median from {F0_MEDIAN_RANGE_HZ[0]:.0f} to "
                                 f"{F0_MEDIAN_RANGE_HZ[1]:.0f} Hz (got {f0.min():.4g} to {f0.max():.4g} Hz, "
                                 f"median {median:.4g})")
-        return cls(unit_norm(emb), f0, str(d.get("gender", "")), dict(d.get("strategy", {})),
-                   str(d.get("created_utc", "")), str(d.get("encoder", "")), tuple(float(v) for v in levels))
+        return cls(emb, f0, d.get("gender", ""), d.get("strategy", {}), d.get("created_utc", ""),
+                   d.get("encoder", ""), tuple(float(v) for v in levels))
 
 
 def _numbers(value, name: str, path: Path) -> np.ndarray:
-    """``value`` as a 1-D float32 array of finite numbers, or an IdentityError naming the field."""
+    """``value`` as a 1-D float32 array of numbers finite in float32 (what the model computes in), or an
+    IdentityError naming the field."""
     ok = isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                    for v in value)
-    arr = np.asarray(value, dtype=np.float64) if ok else None
+    try:
+        arr = np.asarray([float(v) for v in value], dtype=np.float64) if ok else None
+    except OverflowError:  # an integer of hundreds of digits
+        arr = None
+    with np.errstate(over="ignore"):
+        arr = None if arr is None else arr.astype(np.float32)
     if arr is None or not np.isfinite(arr).all():
-        raise IdentityError(f"{path}: {name!r} must be a list of finite numbers; make a new identity with "
-                            "`rtanon identity new`")
-    return arr.astype(np.float32)
+        raise IdentityError(f"{printable(path)}: {name!r} must be a list of finite numbers; make a new identity "
+                            "with `rtanon identity new`")
+    return arr
 
 
 def check_fits(identity: "PseudoSpeaker", speaker_dim: int) -> None:

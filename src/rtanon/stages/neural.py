@@ -53,6 +53,7 @@ from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES
 from rtanon.errors import UserError
 from rtanon.neural.config import VocoderConfig
 from rtanon.neural.input_mel import InputMelStream
+from rtanon.paths import check_regular
 from rtanon.stages.base import check_chunk
 
 #: The packaged vocoder of each privacy point (``NeuralConfig.privacy``), in the package's data.
@@ -128,12 +129,15 @@ class NeuralVoiceModel:
         else:
             if cfg.vocoder_onnx:
                 onnx_path = Path(cfg.vocoder_onnx)
+                check_regular(onnx_path, "vocoder graph (.onnx)")
                 if not onnx_path.exists():
                     raise VocoderMissing(f"{onnx_path}: no such vocoder graph")
                 self._build_onnx(onnx_path)
             else:
                 with packaged_path(PACKAGED_ONNX, cfg.privacy) as p:
                     self._build_onnx(p)
+        if cfg.content_onnx:
+            check_regular(cfg.content_onnx, "content encoder graph (.onnx)")
         if cfg.content_onnx and not Path(cfg.content_onnx).exists():
             raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
         self.content = ContentEncoderModel(cfg.content_onnx)

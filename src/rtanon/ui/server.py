@@ -118,16 +118,20 @@ class UiServer:
     async def _action(self, request: web.Request) -> web.Response:
         try:
             message = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python's stack
             return web.json_response({"error": "the body must be JSON"}, status=400)
         error = await self._run_action(message)
         if error is not None:
             return web.json_response({"error": error}, status=400)
         return web.json_response({"ok": True, "status": self.control.status()})
 
-    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse()
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError:  # the page went away during the handshake: nothing to serve, say it briefly
+            print("rtanon live: a page closed its connection during the WebSocket handshake", file=sys.stderr)
+            return web.Response()  # aiohttp's own write of it fails quietly on the closed connection
         sender = asyncio.create_task(self._push(ws))
         try:
             async for msg in ws:
@@ -135,7 +139,7 @@ class UiServer:
                     continue
                 try:
                     message = json.loads(msg.data)
-                except ValueError:
+                except (ValueError, RecursionError):
                     message = None
                 error = await self._run_action(message)
                 await ws.send_json({"type": "result", "action": (message or {}).get("action")
