@@ -106,7 +106,7 @@ def _model(kind: str, **kw):
             _MODELS[key] = load(kw["path"])[1]
         elif kind == "content":
             from rtanon.train.envelope_probe import _content
-            _MODELS[key] = _content(kw["kind"])
+            _MODELS[key] = _content(kw["representation"])
         elif kind == "anonymizer":
             from rtanon.config import AnonymizerConfig, NeuralConfig
             from rtanon.engine import Anonymizer
@@ -239,7 +239,7 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
         for r in probe_rows:
             kind, voice_kind = r.split("_")[1:]
             net = _model("probe", path=str(Path(probes) / f"envprobe_{kind}.pt"))
-            content = _model("content", kind=kind)(x)
+            content = _model("content", representation=kind)(x)
             env_h, env_n = envelope_probe.predict(net, content, own if voice_kind == "own" else voice.embedding)
             f = f0 if voice_kind == "own" else f0_pseudo
             out[r] = _match_rms(synthesise_points(f, env_h, env_n, seed), x)

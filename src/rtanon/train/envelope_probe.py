@@ -168,14 +168,14 @@ class _Data:
         self.items = []
         for root in roots:
             cache = CorpusCache.load(root)
-            z = np.load(root / "envprobe.npz")
-            content = {"whisper": lambda: cache.teacher(mmap=False), "phones": lambda: np.load(root / "phones.npy"),
-                       "z": lambda: z["z"]}[kind]()
+            with np.load(root / "envprobe.npz") as npz:  # each key read once (a key access reads it whole)
+                env, f0, emb = npz["env"], npz["f0"], npz["emb"]
+                content = {"whisper": lambda: cache.teacher(mmap=False), "phones": lambda: np.load(root / "phones.npy"),
+                           "z": lambda: npz["z"]}[kind]()
             for i in range(len(cache.utts)):
                 o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
                 if t >= 20:
-                    self.items.append((content[o:o + t], z["env"][2 * o:2 * o + 2 * t], z["f0"][2 * o:2 * o + 2 * t],
-                                       z["emb"][i]))
+                    self.items.append((content[o:o + t], env[2 * o:2 * o + 2 * t], f0[2 * o:2 * o + 2 * t], emb[i]))
 
     def batch(self, rng: np.random.Generator, size: int, frames: int):
         c, e, v, s = [], [], [], []
