@@ -25,7 +25,7 @@ def test_measured_envelopes_resynthesise_a_known_harmonic_signal_at_its_level():
     """A 150 Hz tone with harmonics falling 6 dB per octave plus weak white noise: WORLD's envelopes at the
     true F0, rendered by the vocoder's synthesiser, give back each harmonic's amplitude within 1.5 dB
     (the CheapTrick scaling is right) and the same noise floor order of magnitude."""
-    from rtanon.train.budget import measured_envelopes, synthesise
+    from rtanon.train.envelope_probe import measured_envelopes, synthesise
 
     t = np.arange(FS) / FS
     amps = {h: 0.2 / h for h in range(1, 30)}
@@ -45,7 +45,7 @@ def test_measured_envelopes_keep_a_real_utterances_spectrum(speech):
     """On real speech the resynthesis keeps the long-term spectrum within a few dB; warping the envelopes
     (another vocal tract) moves it clearly more."""
     from rtanon.f0.tracker import track
-    from rtanon.train.budget import measured_envelopes, synthesise
+    from rtanon.train.envelope_probe import measured_envelopes, synthesise
 
     f0 = track(speech)
     harm, noise = measured_envelopes(speech, f0)
@@ -135,3 +135,13 @@ def test_both_whisper_models_and_the_phone_recognizer_read_native_speech(shared_
     # the same phones from a different utterance are far off: the recognizer listens
     other = rec.phones(read_audio(kd.wav[sorted(kd.wav)[-1]]))
     assert word_errors(canonical, other) > len(canonical) // 2
+
+
+def test_the_phonetic_teacher_gives_a_posterior_per_content_frame(speech):
+    pytest.importorskip("hama")
+    from rtanon.train.teacher import PHONE_TOKENS, hama_phone_posteriors
+
+    lp = hama_phone_posteriors()(speech)
+    assert lp.shape == (len(speech) // 320, PHONE_TOKENS)
+    assert np.allclose(np.exp(lp).sum(1), 1.0, atol=1e-3)  # log posteriors
+    assert 0.05 < np.mean(lp.argmax(1) < 189) < 0.6  # phones emitted between blanks, as CTC does

@@ -119,74 +119,6 @@ def _model(kind: str, **kw):
     return _MODELS[key]
 
 
-# --------------------------------------------------------------------------- envelopes measured from the input
-
-
-def measured_envelopes(x: np.ndarray, f0_hz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """WORLD analysis of ``x`` (16 kHz) at rtanon's F0 track (one value per 10 ms frame) -> the periodic
-    and aperiodic power envelopes, (F, 513) each, on 1024-point FFT bins: ``sp * (1 - ap)``, ``sp * ap``."""
-    import pyworld
-
-    from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ
-
-    x64 = np.asarray(x, np.float64)
-    t = (np.arange(len(f0_hz)) * HOP_SAMPLES + HOP_SAMPLES / 2) / SAMPLE_RATE_HZ
-    f0 = np.asarray(f0_hz, np.float64)
-    sp = pyworld.cheaptrick(x64, f0, t, SAMPLE_RATE_HZ, fft_size=1024)
-    ap = pyworld.d4c(x64, f0, t, SAMPLE_RATE_HZ, fft_size=1024)
-    return sp * (1.0 - ap), sp * ap
-
-
-def envelope_points(power: np.ndarray, points: int, warp: float = 1.0) -> np.ndarray:
-    """(F, 513) power envelope -> (points, F) log amplitudes at ``points`` mel-spaced frequencies 0-8 kHz
-    (the synthesiser's grid); ``warp`` > 1 moves the formants up by that factor (reads the envelope at
-    f / warp)."""
-    from rtanon.neural.vocoder import _hz_to_mel
-
-    nyq = 8000.0
-    mel = np.linspace(0.0, _hz_to_mel(nyq), points)
-    hz = 700.0 * (10.0 ** (mel / 2595.0) - 1.0)
-    bins = np.linspace(0.0, nyq, power.shape[1])
-    src = np.clip(hz / warp, 0.0, nyq)
-    amp = np.sqrt(np.maximum(power, 1e-16))
-    return np.log(np.stack([np.interp(src, bins, a) for a in amp], axis=1)).astype(np.float32)
-
-
-def synthesise(f0_hz: np.ndarray, harm: np.ndarray, noise: np.ndarray, seed: int, warp: float = 1.0) -> np.ndarray:
-    """The vocoder's envelope synthesiser on measured envelopes: ``harm``/``noise`` (F, 513) power, F0 in
-    Hz per 10 ms frame -> audio (160 F,)."""
-    points = VOCODER_POINTS
-    return synthesise_points(f0_hz, envelope_points(harm, points, warp), envelope_points(noise, points, warp), seed)
-
-
-VOCODER_POINTS = 48  # VocoderConfig.envelope_points of the shipped vocoders
-
-
-def synthesise_points(f0_hz: np.ndarray, env_h: np.ndarray, env_n: np.ndarray, seed: int) -> np.ndarray:
-    """The synthesiser on log-amplitude envelope points (48, F) of the periodic and aperiodic power
-    envelopes. A harmonic of a pulse train with power envelope ``S`` at F0 has amplitude
-    ``2 sqrt(F0 / fs) sqrt(S)`` (WORLD's CheapTrick scaling, checked on synthetic harmonics), and white
-    noise of power ``S`` per bin has standard deviation ``sqrt(S)``."""
-    import torch
-
-    from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ
-    from rtanon.neural.vocoder import EnvelopeSynth, VocoderConfig, _Slots
-
-    cfg = VocoderConfig()
-    slots = _Slots()
-    synth = EnvelopeSynth(slots, cfg)
-    n = min(len(f0_hz), env_h.shape[1], env_n.shape[1])
-    f0 = np.asarray(f0_hz[:n], np.float32)
-    env_h = (env_h[:, :n] + np.log(2.0 * np.sqrt(np.maximum(f0, 1.0) / SAMPLE_RATE_HZ))[None, :]).astype(np.float32)
-    env_n = np.ascontiguousarray(env_n[:, :n], dtype=np.float32)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        state = [torch.zeros(1, c, k) for c, k in slots.shapes]
-        y = synth(torch.from_numpy(f0[None]), torch.from_numpy(env_h[None]), torch.from_numpy(env_n[None]),
-                  torch.randn(1, HOP_SAMPLES * n, generator=gen), state, [None] * len(state))
-    return y[0, 0].numpy()
-
-
 # --------------------------------------------------------------------------- one utterance
 
 
@@ -201,6 +133,7 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
     import torch
 
     from rtanon.f0.convert import TargetPitch, convert_utterance
+    from rtanon.train.envelope_probe import measured_envelopes, synthesise, synthesise_points
 
     out: dict[str, np.ndarray] = {}
     voice = _model("identities").new_identity("gmm", rng=np.random.default_rng(seed))

@@ -17,8 +17,8 @@ student could win, the gap between them and ``synth_own`` what the teacher itsel
     rtanon lab envelope-probe features --data ../shared/data/so762_train --cache runs/cache
     rtanon lab envelope-probe train --cache runs/cache/so762_train --input phones --out runs/envprobe_phones.pt
 
-``features`` reuses the content encoder's cache (audio, Whisper features and phone posteriors:
-``rtanon.train.teacher``, ``rtanon.train.content.phone_posteriors``) and adds ``envprobe.npz`` beside it; ``train`` fits on the cached training sets only (never an evaluation set).
+``features`` reuses the content encoder's cache (audio and Whisper features, ``rtanon.train.teacher``), adds
+hama's phone posteriors to it (``phone_posteriors``) and ``envprobe.npz`` beside it; ``train`` fits on the cached training sets only (never an evaluation set).
 """
 
 from __future__ import annotations
@@ -36,8 +36,72 @@ from torch import nn
 from rtanon import atomic
 
 INPUTS = {"whisper": 384, "phones": 191, "z": 256}
-POINTS = 48
+POINTS = 48  # envelope points per 10 ms: VocoderConfig.envelope_points of the shipped vocoders
 LOG_FLOOR = -9.0  # log amplitude floor of the targets (about -78 dB)
+
+
+# --------------------------------------------------------------------------- envelopes measured from the input
+
+
+def measured_envelopes(x: np.ndarray, f0_hz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """WORLD analysis of ``x`` (16 kHz) at rtanon's F0 track (one value per 10 ms frame) -> the periodic
+    and aperiodic power envelopes, (F, 513) each, on 1024-point FFT bins: ``sp * (1 - ap)``, ``sp * ap``."""
+    import pyworld
+
+    from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ
+
+    x64 = np.asarray(x, np.float64)
+    t = (np.arange(len(f0_hz)) * HOP_SAMPLES + HOP_SAMPLES / 2) / SAMPLE_RATE_HZ
+    f0 = np.asarray(f0_hz, np.float64)
+    sp = pyworld.cheaptrick(x64, f0, t, SAMPLE_RATE_HZ, fft_size=1024)
+    ap = pyworld.d4c(x64, f0, t, SAMPLE_RATE_HZ, fft_size=1024)
+    return sp * (1.0 - ap), sp * ap
+
+
+def envelope_points(power: np.ndarray, points: int, warp: float = 1.0) -> np.ndarray:
+    """(F, 513) power envelope -> (points, F) log amplitudes at ``points`` mel-spaced frequencies 0-8 kHz
+    (the synthesiser's grid); ``warp`` > 1 moves the formants up by that factor (reads the envelope at
+    f / warp)."""
+    from rtanon.neural.vocoder import _hz_to_mel
+
+    nyq = 8000.0
+    mel = np.linspace(0.0, _hz_to_mel(nyq), points)
+    hz = 700.0 * (10.0 ** (mel / 2595.0) - 1.0)
+    bins = np.linspace(0.0, nyq, power.shape[1])
+    src = np.clip(hz / warp, 0.0, nyq)
+    amp = np.sqrt(np.maximum(power, 1e-16))
+    return np.log(np.stack([np.interp(src, bins, a) for a in amp], axis=1)).astype(np.float32)
+
+
+def synthesise(f0_hz: np.ndarray, harm: np.ndarray, noise: np.ndarray, seed: int, warp: float = 1.0) -> np.ndarray:
+    """The vocoder's envelope synthesiser on measured envelopes: ``harm``/``noise`` (F, 513) power, F0 in
+    Hz per 10 ms frame -> audio (160 F,)."""
+    return synthesise_points(f0_hz, envelope_points(harm, POINTS, warp), envelope_points(noise, POINTS, warp), seed)
+
+
+def synthesise_points(f0_hz: np.ndarray, env_h: np.ndarray, env_n: np.ndarray, seed: int) -> np.ndarray:
+    """The synthesiser on log-amplitude envelope points (48, F) of the periodic and aperiodic power
+    envelopes. A harmonic of a pulse train with power envelope ``S`` at F0 has amplitude
+    ``2 sqrt(F0 / fs) sqrt(S)`` (WORLD's CheapTrick scaling, checked on synthetic harmonics), and white
+    noise of power ``S`` per bin has standard deviation ``sqrt(S)``."""
+    import torch
+
+    from rtanon.constants import HOP_SAMPLES, SAMPLE_RATE_HZ
+    from rtanon.neural.vocoder import EnvelopeSynth, VocoderConfig, _Slots
+
+    cfg = VocoderConfig()
+    slots = _Slots()
+    synth = EnvelopeSynth(slots, cfg)
+    n = min(len(f0_hz), env_h.shape[1], env_n.shape[1])
+    f0 = np.asarray(f0_hz[:n], np.float32)
+    env_h = (env_h[:, :n] + np.log(2.0 * np.sqrt(np.maximum(f0, 1.0) / SAMPLE_RATE_HZ))[None, :]).astype(np.float32)
+    env_n = np.ascontiguousarray(env_n[:, :n], dtype=np.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        state = [torch.zeros(1, c, k) for c, k in slots.shapes]
+        y = synth(torch.from_numpy(f0[None]), torch.from_numpy(env_h[None]), torch.from_numpy(env_n[None]),
+                  torch.randn(1, HOP_SAMPLES * n, generator=gen), state, [None] * len(state))
+    return y[0, 0].numpy()
 
 
 # --------------------------------------------------------------------------- features
@@ -68,23 +132,9 @@ def _content(kind: str):
             return out
         return whisper
     if kind == "phones":
-        import hama
+        from rtanon.train.teacher import hama_phone_posteriors
 
-        asr = hama.ASRModel()
-
-        def phones(x: np.ndarray) -> np.ndarray:
-            n = len(x) // 320
-            wav = np.clip(np.asarray(x, np.float32), -1.0, 1.0)[None]
-            lp, _ = asr.session.run([asr._log_probs_output_name, asr._out_lengths_output_name],
-                                    {asr._waveform_input_name: wav,
-                                     asr._waveform_lengths_input_name: np.array([wav.shape[1]], np.int64)})
-            lp = np.asarray(lp[0], np.float32)
-            out = np.full((n, lp.shape[1]), lp[-1:].min(), np.float32)
-            out[:min(n, len(lp))] = lp[:n]
-            if len(lp) < n:
-                out[len(lp):] = lp[-1]
-            return out
-        return phones
+        return hama_phone_posteriors()
     if kind == "z":
         from rtanon.content.stream import ContentEncoderModel
 
@@ -101,8 +151,6 @@ def _content(kind: str):
 
 def target_envelopes(x: np.ndarray, f0: np.ndarray) -> np.ndarray:
     """(2T, 96) float32 log amplitudes: harmonic then noise envelope points (no F0 scaling)."""
-    from rtanon.train.budget import envelope_points, measured_envelopes
-
     harm, noise = measured_envelopes(x, f0)
     env = np.concatenate([envelope_points(harm, POINTS), envelope_points(noise, POINTS)]).T
     return np.maximum(env, LOG_FLOOR).astype(np.float32)
@@ -111,12 +159,11 @@ def target_envelopes(x: np.ndarray, f0: np.ndarray) -> np.ndarray:
 def features(args) -> None:
     from tqdm import tqdm
 
-    from rtanon.train.content import phone_posteriors
     from rtanon.train.shards import default_extractors
-    from rtanon.train.teacher import build_cache
+    from rtanon.train.teacher import build_cache, phone_posteriors
 
     cache = build_cache(Path(args.data), Path(args.cache), threads=1)
-    phone_posteriors(cache)  # the content encoder's phonetic targets, shared with it
+    phone_posteriors(cache)
     out = cache.root / "envprobe.npz"
     extract = default_extractors()
     audio = cache.audio()

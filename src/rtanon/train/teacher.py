@@ -13,6 +13,8 @@ Cache layout (one directory per Kaldi directory, ``<cache>/<name>/``):
   offsets/counts (50 Hz frames; ``n_frames = n_samples // 320``).
 - ``teacher.npy``: float16 (total_frames, 384) Whisper encoder output.
 - ``units_K<k>.npy``: int16 (total_frames,) k-means unit of every frame.
+- ``phones.npy``: float16 (total_frames, 191) hama's phone log posteriors (``phone_posteriors``; the
+  envelope probe's phonetic input).
 
 Heavy imports (ctranslate2, faster_whisper, sklearn) happen inside the
 functions; install them with ``pip install 'rtanon[train]'``.
@@ -197,3 +199,46 @@ def assign_units(cache: CorpusCache, km: dict, k: int) -> np.ndarray:
     with atomic_open(path) as f:
         np.save(f, units)
     return units
+
+
+PHONE_TOKENS = 191  # hama's CTC vocabulary: 189 IPA tokens, the word boundary and the blank
+
+
+def phone_posteriors(cache: CorpusCache) -> np.ndarray:
+    """The phonetic teacher: hama's phone log posteriors of every cached frame, (frames, 191) float16, built
+    once into ``<cache>/phones.npy`` (the recognizer runs on each utterance alone, about 0.06 x real time;
+    frame ``i`` of an utterance is hama's output frame ``i``, 320 samples each)."""
+    path = cache.root / "phones.npy"
+    if not path.exists():
+        phones = hama_phone_posteriors()
+        audio = cache.audio()
+        out = np.zeros((int(cache.frame_len.sum()), PHONE_TOKENS), np.float16)
+        for i in range(len(cache.utts)):
+            x = audio[cache.audio_offset[i]:cache.audio_offset[i] + cache.audio_len[i]].astype(np.float32) / 32767.0
+            o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
+            out[o:o + t] = phones(x)[:t]
+        with atomic_open(path) as f:
+            np.save(f, out)
+        log.info("%s: phone posteriors of %d utterances", cache.root.name, len(cache.utts))
+    return np.load(path, mmap_mode="r")
+
+
+def hama_phone_posteriors():
+    """hama's phone recognizer as a function: audio (T,) float32 16 kHz -> (floor(T / 320), 191) float32 log
+    posteriors (the last frame repeated where hama's output is a frame short)."""
+    hama = need_module("hama", "eval")
+    asr = hama.ASRModel()
+
+    def phones(x: np.ndarray) -> np.ndarray:
+        n = len(x) // FRAME_SAMPLES
+        wav = np.clip(np.asarray(x, np.float32), -1.0, 1.0)[None]
+        lp, _ = asr.session.run([asr._log_probs_output_name, asr._out_lengths_output_name],
+                                {asr._waveform_input_name: wav,
+                                 asr._waveform_lengths_input_name: np.array([wav.shape[1]], np.int64)})
+        lp = np.asarray(lp[0], np.float32)
+        out = np.empty((n, lp.shape[1]), np.float32)
+        m = min(n, len(lp))
+        out[:m] = lp[:m]
+        out[m:] = lp[-1]
+        return out
+    return phones
