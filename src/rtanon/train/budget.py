@@ -71,6 +71,7 @@ ROWS = (
     Row("probe_phones_own", "synth_own", "envelopes regressed from hama's phone posteriors (own voice)"),
     Row("probe_phones_pseudo", "probe_phones_own", "the pseudo-voice on envelopes from phone posteriors"),
     Row("probe_z_own", "synth_own", "envelopes regressed from the causal student's z (own voice)"),
+    Row("probe_mel_own", "synth_own", "envelopes regressed from the input's own log-mel (the probe's floor)"),
 )
 #: Rows rendered unless ``--rows`` says otherwise; the ``probe_*`` rows need ``--probes DIR``.
 DEFAULT_ROWS = tuple(r.name for r in ROWS if not r.name.startswith("probe_"))

@@ -8,7 +8,9 @@ embedding:
 
 - ``whisper``: the Whisper tiny.en encoder (the content encoder's teacher; offline, non-causal);
 - ``phones``: hama's phone log-posteriors (191 IPA tokens at 50 Hz; the phonetic teacher, non-causal);
-- ``z``: the shipped causal content encoder's ``z`` (what the vocoders read).
+- ``z``: the shipped causal content encoder's ``z`` (what the vocoders read);
+- ``mel``: the input's own 80-band log-mel per 20 ms (the balanced vocoder's input spectrum, uncut): the
+  control, how close the regressor and the synthesiser get when the content holds the spectrum itself.
 
 The budget renders the fitted regressors' envelopes through the synthesiser (rows ``probe_*``), so the
 three differ in their input only: the gap between ``whisper``/``phones`` and ``z`` is what a better causal
@@ -35,7 +37,7 @@ from torch import nn
 
 from rtanon import atomic
 
-INPUTS = {"whisper": 384, "phones": 191, "z": 256}
+INPUTS = {"whisper": 384, "phones": 191, "z": 256, "mel": 80}
 POINTS = 48  # envelope points per 10 ms: VocoderConfig.envelope_points of the shipped vocoders
 LOG_FLOOR = -9.0  # log amplitude floor of the targets (about -78 dB)
 
@@ -135,6 +137,10 @@ def _content(kind: str):
         from rtanon.train.teacher import hama_phone_posteriors
 
         return hama_phone_posteriors()
+    if kind == "mel":
+        from rtanon.neural.input_mel import log_mel_frames
+
+        return lambda x: log_mel_frames(np.asarray(x, np.float32), INPUTS["mel"])
     if kind == "z":
         from rtanon.content.stream import ContentEncoderModel
 
@@ -208,6 +214,14 @@ class EnvelopeRegressor(nn.Module):
         return y.reshape(b, 2, 2 * POINTS, t).permute(0, 3, 1, 2).reshape(b, 2 * t, 2 * POINTS)
 
 
+def _cached_mel(cache) -> np.ndarray:
+    """The input log-mel of every cached frame (computed on load: a few seconds an hour)."""
+    mel = _content("mel")
+    audio = cache.audio()
+    return np.concatenate([mel(audio[o:o + n].astype(np.float32) / 32767.0)[:t] for o, n, t in
+                           zip(cache.audio_offset, cache.audio_len, cache.frame_len)])
+
+
 class _Data:
     def __init__(self, roots: list[Path], kind: str) -> None:
         from rtanon.train.teacher import CorpusCache
@@ -218,7 +232,7 @@ class _Data:
             with np.load(root / "envprobe.npz") as npz:  # each key read once (a key access reads it whole)
                 env, f0, emb = npz["env"], npz["f0"], npz["emb"]
                 content = {"whisper": lambda: cache.teacher(mmap=False), "phones": lambda: np.load(root / "phones.npy"),
-                           "z": lambda: npz["z"]}[kind]()
+                           "z": lambda: npz["z"], "mel": lambda: _cached_mel(cache)}[kind]()
             for i in range(len(cache.utts)):
                 o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
                 if t >= 20:
