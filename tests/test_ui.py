@@ -490,7 +490,7 @@ def test_ctrl_c_stops_the_audio_and_rtanon_ui_starts_with_the_last_settings(live
     voice = live.state()["voice"]
     live.proc.send_signal(signal.SIGINT)
     out, _ = live.proc.communicate(timeout=30)
-    assert live.proc.returncode == 0
+    assert live.proc.returncode == 130  # Ctrl-C, as documented (cli.EXIT_CODES)
     assert "stopped:" in out and "stage errors 0" in out
     env = {**live.daemon.env, "XDG_CONFIG_HOME": str(live.config_home)}
     ui = subprocess.Popen([sys.executable, "-m", "rtanon", "ui", "--no-browser"], env=env,
@@ -511,4 +511,4 @@ def test_ctrl_c_stops_the_audio_and_rtanon_ui_starts_with_the_last_settings(live
     finally:
         ui.send_signal(signal.SIGINT)
         ui.communicate(timeout=30)
-    assert ui.returncode == 0
+    assert ui.returncode == 130
