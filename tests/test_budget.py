@@ -67,6 +67,15 @@ def test_the_budget_table_names_the_costliest_stage():
     ranked = costs(figures, ("tiny.en", "base"), ROW_NAMES)
     assert ranked[0][1] == "student_own" and ranked[0][0] == pytest.approx(28.0)
     assert {name for _, name, _ in ranked}.isdisjoint({"original", "mcadams", "balanced"})
+    # probe rows are ranked apart, against the regressor fed the input's own spectrum
+    probe = {"probe_mel_own": 0.40, "probe_whisper_own": 0.45, "probe_z_own": 0.70}
+    for s in figures.values():
+        s.update({r: {**fig["original"], "wer_tiny.en_noloop": w, "wer_base_noloop": w} for r, w in probe.items()})
+    rows = ROW_NAMES + tuple(probe)
+    assert costs(figures, ("tiny.en", "base"), rows)[0][1] == "student_own"
+    probed = costs(figures, ("tiny.en", "base"), rows, probes=True)
+    assert {name: round(c, 1) for c, name, _ in probed} == {"probe_z_own": 30.0, "probe_whisper_own": 5.0,
+                                                           "probe_mel_own": 13.0}  # mel: against synth_own
     md = table(figures, ("tiny.en", "base"), ROW_NAMES)
     assert "| student_own | 80.0 (60.0, 1 loops) | 50.0 | 30.0 | 80.0 (60.0, 1 loops) | 50.0 | 30.0 |" in md
     assert md.count("\n") == len(ROW_NAMES) + 1

@@ -66,12 +66,12 @@ ROWS = (
                                     "mapping, ONNX in 20 ms chunks"),
     Row("balanced", "strong", "the balanced point's input spectrum (against strong)"),
     Row("mcadams", "original", "McAdams (reference)"),
-    Row("probe_whisper_own", "synth_own", "envelopes regressed from the Whisper teacher (own voice)"),
+    Row("probe_mel_own", "synth_own", "the probe's regressor, fed the input's own log-mel (its floor)"),
+    Row("probe_whisper_own", "probe_mel_own", "the Whisper teacher's content (own voice)"),
     Row("probe_whisper_pseudo", "probe_whisper_own", "the pseudo-voice on envelopes from the Whisper teacher"),
-    Row("probe_phones_own", "synth_own", "envelopes regressed from hama's phone posteriors (own voice)"),
+    Row("probe_phones_own", "probe_mel_own", "hama's phone posteriors as content (own voice)"),
     Row("probe_phones_pseudo", "probe_phones_own", "the pseudo-voice on envelopes from phone posteriors"),
-    Row("probe_z_own", "synth_own", "envelopes regressed from the causal student's z (own voice)"),
-    Row("probe_mel_own", "synth_own", "envelopes regressed from the input's own log-mel (the probe's floor)"),
+    Row("probe_z_own", "probe_mel_own", "the causal student's z as content (own voice)"),
 )
 #: Rows rendered unless ``--rows`` says otherwise; the ``probe_*`` rows need ``--probes DIR``.
 DEFAULT_ROWS = tuple(r.name for r in ROWS if not r.name.startswith("probe_"))
@@ -254,14 +254,18 @@ def table(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def costs(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> list[tuple[float, str, str]]:
-    """(mean cost in WER points without the ASR's loops, over sets and ASRs; row; stage), largest first;
-    McAdams and balanced (a reference and a second shipped point, not a stage of the path) are left out."""
+def costs(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...],
+          probes: bool = False) -> list[tuple[float, str, str]]:
+    """(mean cost in WER points without the ASR's loops, over sets and ASRs; row; stage), largest first:
+    the stages of the shipped path, or with ``probes`` the probe rows (each content against the input's own
+    log-mel through the same regressor). McAdams and balanced (a reference and a second shipped point, not
+    a stage of the path) are left out."""
     by_name = {r.name: r for r in ROWS}
     out = []
     for name in rows:
         r = by_name[name]
-        if r.parent is None or r.parent not in rows or name in ("mcadams", "balanced"):
+        if r.parent is None or r.parent not in rows or name in ("mcadams", "balanced") \
+                or name.startswith("probe_") != probes:
             continue
         key = [f"wer_{m}_noloop" for m in asr]
         diffs = [100 * (figures[s][name][k] - figures[s][r.parent][k]) for s in figures for k in key
@@ -349,6 +353,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"{key}: {len(utts)} utterances of {len(kd.speakers)} speakers, {n_words} words", file=sys.stderr)
     print(table(figures, asr, rows))
     ranked = costs(figures, asr, rows)
+    probed = costs(figures, asr, rows, probes=True)
+    if probed:
+        print("\ncontent through the probe's regressor and the synthesiser (WER points without the ASR's loops, "
+              "mean over sets and ASRs):")
+        for c, name, stage in probed:
+            print(f"  {c:+6.1f}  {name}: {stage}")
     if ranked:
         print("\nstage costs (WER points without the ASR's loops, mean over sets and ASRs), largest first:")
         for c, name, stage in ranked:
