@@ -503,3 +503,24 @@ def test_a_failed_utterances_error_is_escaped_in_the_run_report(tmp_path, wav, s
                    "--workers", "0", "--method", "mcadams", "--no-progress", timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "u2" in proc.stderr and "\\x1b[31m" in proc.stderr and "\x1b" not in proc.stderr
+
+
+# -- 13. messages that say what is wrong -------------------------------------------------------------------
+
+def test_a_byte_order_mark_in_a_kaldi_table_is_not_part_of_the_first_key(tmp_path, wav):
+    """Windows editors start UTF-8 files with a BOM; the first utterance id must still be 'u1'."""
+    from rtanon.kaldi import KaldiDir
+
+    data = tmp_path / "bom"
+    data.mkdir()
+    (data / "wav.scp").write_bytes(f"\ufeffu1 {wav}\n".encode("utf-8"))
+    (data / "utt2spk").write_bytes("\ufeffu1 s1\n".encode("utf-8"))
+    (data / "spk2gender").write_bytes("\ufeffs1 f\n".encode("utf-8"))
+    kd = KaldiDir.load(data)
+    assert list(kd.wav) == ["u1"] and kd.utt2spk == {"u1": "s1"} and kd.spk2gender == {"s1": "f"}
+
+
+def test_a_format_version_of_the_wrong_type_says_so(tmp_path, wav, good_identity):
+    path = _identity_file(tmp_path, json.dumps({**good_identity, "format_version": "1"}))
+    _one_line_error(_file_with_identity(wav, tmp_path, path),
+                    contains="'format_version' must be the JSON number 1, not a str")

@@ -28,7 +28,7 @@ def _read_map(path: Path, required: bool = True) -> dict[str, str]:
     table: dict[str, str] = {}
     first: dict[str, int] = {}
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not part of a key
     except (OSError, UnicodeDecodeError) as exc:
         raise KaldiDirError(f"{path}: unreadable: {exc}") from None
     for lineno, line in enumerate(text.splitlines(), 1):

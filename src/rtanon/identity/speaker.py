@@ -97,7 +97,12 @@ class PseudoSpeaker:
                 raise IdentityError(f"{printable(path)}: {key!r} must be a JSON "
                                     f"{'object' if kind is dict else 'string'}; make a new identity with "
                                     "`rtanon identity new`")
-        if d.get("format_version", IDENTITY_FORMAT_VERSION) != IDENTITY_FORMAT_VERSION:
+        version = d.get("format_version", IDENTITY_FORMAT_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise IdentityError(f"{printable(path)}: 'format_version' must be the JSON number "
+                                f"{IDENTITY_FORMAT_VERSION}, not a {type(version).__name__} "
+                                f"({printable(json.dumps(version), 20)}); make a new identity with `rtanon identity new`")
+        if version != IDENTITY_FORMAT_VERSION:
             raise IdentityError(f"{printable(path)}: identity format {printable(d.get('format_version'), 20)}, "
                                 f"this rtanon reads {IDENTITY_FORMAT_VERSION}")
         emb = _numbers(d["embedding"], "embedding", path)
