@@ -173,10 +173,12 @@ def test_truncated_audio_is_refused_in_one_line(tmp_path, speech, ext):
 # -- 6. the fail-closed guard compares content ---------------------------------------------------------
 
 class _PassThrough:
-    """A broken method stage: hands on its input (copied, scaled, delayed by its latency, or itself)."""
+    """A broken method stage: hands on its input (copied, scaled, delayed by its latency, or itself),
+    or ("undeclared") delays it by 173 samples while it declares 480, as a custom model might."""
 
     def __init__(self, mode, hop=320, delay=320):
-        self.mode, self.hop, self.latency_samples = mode, hop, delay if mode == "delayed" else 0
+        self.mode, self.hop = mode, hop
+        self.latency_samples = {"delayed": delay, "undeclared": 480}.get(mode, 0)
         self._prev = np.zeros(hop, np.float32)
 
     def process(self, chunk):
@@ -186,6 +188,10 @@ class _PassThrough:
             return chunk.copy()
         if self.mode == "scaled":
             return -0.3 * chunk
+        if self.mode == "undeclared":
+            y = np.concatenate([self._prev[-173:], chunk[:-173]])
+            self._prev = chunk.copy()
+            return y
         y, self._prev = self._prev, chunk.copy()
         return y
 
@@ -193,7 +199,7 @@ class _PassThrough:
         self._prev[:] = 0.0
 
 
-@pytest.mark.parametrize("mode", ["same", "copy", "scaled", "delayed"])
+@pytest.mark.parametrize("mode", ["same", "copy", "scaled", "delayed", "undeclared"])
 @pytest.mark.parametrize("allpass", [0, 4])
 def test_a_stage_that_passes_its_input_on_gives_comfort_noise(speech, mode, allpass):
     from dataclasses import replace

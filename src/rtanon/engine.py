@@ -11,7 +11,7 @@ method's stages, then a per-session random all-pass filter (so the output
 waveform does not match the input even where a method keeps its excitation). It fails
 closed: non-speech, a stage exception, a non-finite stage output, or a method
 output that repeats its input (``PassThroughGuard``: the input buffer itself,
-or a copy, scaled or delayed by the declared latency) all give comfort noise
+or a copy, scaled or delayed by up to twice the declared latency plus a chunk) all give comfort noise
 (or silence), never the input.
 """
 
@@ -75,12 +75,16 @@ _MIN_GUARD_RMS = 1e-4  # below this (-80 dBFS) a chunk carries no voice to leak
 class PassThroughGuard:
     """Compares a method's output chunk with the input it came from, by content: the same
     buffer, or a normalised correlation of at least ``PASSTHROUGH_CORRELATION`` with the
-    input chunk at lag 0 or ``delay`` samples earlier (a stage that hands its input on,
-    copied, scaled or delayed by its declared latency). ``push`` each input chunk first."""
+    input at any lag from 0 to ``2 * delay + hop`` samples (a stage that hands its input on,
+    copied, scaled, or delayed by its declared latency or by another amount it did not
+    declare). The correlations at every lag come from one FFT of the input history, with
+    the history's norms from a running sum of squares. ``push`` each input chunk first."""
 
     def __init__(self, hop: int, delay: int) -> None:
         self.hop, self.delay = hop, delay
-        self._hist = np.zeros(delay + hop, np.float32)
+        self.max_lag = 2 * delay + hop
+        self._hist = np.zeros(self.max_lag + hop, np.float32)
+        self._nfft = 1 << int(np.ceil(np.log2(self._hist.shape[0] + hop)))
 
     def reset(self) -> None:
         self._hist[:] = 0.0
@@ -98,10 +102,18 @@ class PassThroughGuard:
         floor = _MIN_GUARD_RMS * np.sqrt(self.hop)
         if ny <= floor:
             return None
-        for lag, ref in ((0, x), (self.delay, self._hist[: self.hop])):
-            nr = float(np.sqrt(np.dot(ref, ref)))
-            if nr > floor and abs(float(np.dot(ref, y))) >= PASSTHROUGH_CORRELATION * nr * ny:
-                return f"the output repeats the input (correlation >= {PASSTHROUGH_CORRELATION} at lag {lag})"
+        h, n = self._hist, self.hop
+        # dots[k] = <h[k:k + n], y>: the input window that ends `lag` = len(h) - n - k samples before now
+        spec = np.fft.rfft(h, self._nfft) * np.conj(np.fft.rfft(y, self._nfft))
+        dots = np.fft.irfft(spec, self._nfft)[: h.shape[0] - n + 1]
+        energy = np.concatenate(([0.0], np.cumsum(h.astype(np.float64) ** 2)))
+        norms = np.sqrt(np.maximum(energy[n:] - energy[:-n], 0.0))
+        corr = np.abs(dots) / np.maximum(norms * ny, 1e-30)
+        corr[norms <= floor] = 0.0
+        k = int(np.argmax(corr))
+        if corr[k] >= PASSTHROUGH_CORRELATION:
+            return (f"the output repeats the input (correlation >= {PASSTHROUGH_CORRELATION} at lag "
+                    f"{h.shape[0] - n - k})")
         return None
 
 
