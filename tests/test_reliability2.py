@@ -289,7 +289,7 @@ def test_the_server_answers_bad_json_with_400_and_a_dropped_handshake_in_one_lin
         await server.start()
         host = f"127.0.0.1:{server.port}"
         try:
-            for _ in range(5):  # clients that go away during the WebSocket handshake
+            for _ in range(200):  # clients that go away during the WebSocket handshake (the 200)
                 _, writer = await asyncio.open_connection("127.0.0.1", server.port)
                 writer.write((f"GET /ws?token={server.token} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
                               "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -313,7 +313,7 @@ def test_the_server_answers_bad_json_with_400_and_a_dropped_handshake_in_one_lin
     assert all("error" in body for _, body in answers)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     err = capsys.readouterr().err.splitlines()
-    assert 1 <= len(err) <= 5 and all("closed its connection" in line for line in err), err
+    assert 1 <= len(err) <= 200 and all("closed its connection" in line for line in err), err  # one line each at most
 
 
 # -- 11. Ctrl-C on the control page exits 130, as documented ---------------------------------------------
