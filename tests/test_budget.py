@@ -29,7 +29,8 @@ def test_measured_envelopes_resynthesise_a_known_harmonic_signal_at_its_level():
 
     t = np.arange(FS) / FS
     amps = {h: 0.2 / h for h in range(1, 30)}
-    x = sum(a * np.sin(2 * np.pi * 150.0 * h * t) for h, a in amps.items()) + 0.002 * np.random.default_rng(0).standard_normal(FS)
+    x = sum(a * np.sin(2 * np.pi * 150.0 * h * t) for h, a in amps.items())
+    x = x + 0.002 * np.random.default_rng(0).standard_normal(FS)
     f0 = np.full(FS // 160, 150.0)
     harm, noise = measured_envelopes(x.astype(np.float32), f0)
     y = synthesise(f0, harm, noise, seed=0)

@@ -244,7 +244,8 @@ def table(figures: dict, asr: tuple[str, ...], rows: tuple[str, ...]) -> str:
                 if f is None or f[f"wer_{m}"] is None:
                     cells.append("-")
                 elif f[f"loops_{m}"]:
-                    cells.append(f"{100 * f[f'wer_{m}']:.1f} ({100 * f[f'wer_{m}_noloop']:.1f}, {f[f'loops_{m}']} loops)")
+                    cells.append(f"{100 * f[f'wer_{m}']:.1f} ({100 * f[f'wer_{m}_noloop']:.1f}, "
+                                 f"{f[f'loops_{m}']} loops)")
                 else:
                     cells.append(f"{100 * f[f'wer_{m}']:.1f}")
             cells.append("-" if f is None or f["per"] is None else f"{100 * f['per']:.1f}")
@@ -288,8 +289,8 @@ def _pick(data: Path, per_speaker: int, seed: int):
     from rtanon.kaldi import KaldiDir
 
     kd = KaldiDir.load(data)
-    utts = [u for s in kd.speakers
-            for u in seeded_shuffle([u for u in kd.utterances_of(s) if u in kd.text], seed, "budget:" + s)[:per_speaker]]
+    utts = [u for s in kd.speakers for u in
+            seeded_shuffle([u for u in kd.utterances_of(s) if u in kd.text], seed, "budget:" + s)[:per_speaker]]
     return kd, sorted(utts)
 
 

@@ -20,7 +20,8 @@ student could win, the gap between them and ``synth_own`` what the teacher itsel
     rtanon lab envelope-probe train --cache runs/cache/so762_train --input phones --out runs/envprobe_phones.pt
 
 ``features`` reuses the content encoder's cache (audio and Whisper features, ``rtanon.train.teacher``), adds
-hama's phone posteriors to it (``phone_posteriors``) and ``envprobe.npz`` beside it; ``train`` fits on the cached training sets only (never an evaluation set).
+hama's phone posteriors to it (``phone_posteriors``) and ``envprobe.npz`` beside it; ``train`` fits on the
+cached training sets only (never an evaluation set).
 """
 
 from __future__ import annotations
