@@ -2,7 +2,7 @@
 
 The budget (``rtanon lab budget``) shows the synthesiser keeps the words when its envelopes are measured
 from the input, so the loss lies in predicting them from content. This probe fits the same small causal
-regressor from three content representations to the envelopes WORLD measures (harmonic and noise, 48
+regressor from each of four representations to the envelopes WORLD measures (harmonic and noise, 48
 mel-spaced points per 10 ms, the synthesiser's own grid), conditioned on the utterance's own resemblyzer
 embedding:
 
@@ -13,8 +13,9 @@ embedding:
   control, how close the regressor and the synthesiser get when the content holds the spectrum itself.
 
 The budget renders the fitted regressors' envelopes through the synthesiser (rows ``probe_*``), so the
-three differ in their input only: the gap between ``whisper``/``phones`` and ``z`` is what a better causal
-student could win, the gap between them and ``synth_own`` what the teacher itself lacks.
+four differ in their input only: the gap between ``whisper``/``phones`` and ``z`` is what a better causal
+student could win, the gap between them and ``mel`` what the teacher itself lacks, and the gap between
+``mel`` and ``synth_own`` what the regressor loses.
 
     rtanon lab envelope-probe features --data ../shared/data/so762_train --cache runs/cache
     rtanon lab envelope-probe train --cache runs/cache/so762_train --input phones --out runs/envprobe_phones.pt
