@@ -65,10 +65,10 @@ class StageTimes:
 #: method's declared delay plus a chunk) reaches this is treated as a pass-through fault: comfort noise
 #: instead. Over every lag, McAdams (default alpha) gave no fault on all 320 so762_dev utterances.
 #: A copy or a scaled copy of the input scores 1 (to float32 precision). Real output stays below it:
-#: at lag 0 and the delay, over all 320 so762_dev utterances (124,812 checks), McAdams with its default alpha 0.75-0.9 reached
-#: 0.9981, with alpha 0.95 (the mildest allowed; 80 utterances) 0.9989, and the neural method 0.963
-#: (80 utterances): McAdams near alpha 1 keeps the waveform on some chunks, which is why an all-pass
-#: follows it.
+#: at lag 0 and the delay, over all 320 so762_dev utterances (124,812 checks), McAdams with its default
+#: alpha 0.75-0.9 reached 0.9981, with alpha 0.95 (the mildest allowed; 80 utterances) 0.9989, and the
+#: neural method 0.963 (80 utterances): McAdams near alpha 1 keeps the waveform on some chunks, which is
+#: why an all-pass follows it.
 PASSTHROUGH_CORRELATION = 0.9995
 _MIN_GUARD_RMS = 1e-4  # below this (-80 dBFS) a chunk carries no voice to leak
 
