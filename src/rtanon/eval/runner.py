@@ -591,7 +591,7 @@ def _canonical_phones(refs: dict) -> dict:
     return {u: g2p.canonical(words) for u, words in refs.items()}
 
 
-def _error_rate(refs: dict, hyps: dict) -> dict:
+def corpus_error_rate(refs: dict, hyps: dict) -> dict:
     """Word (or phone) error rate of ``hyps`` against ``refs`` (utterance -> token list), split, with the
     utterances where the recognizer looped and the rate without them."""
     from rtanon.eval import metrics
@@ -618,13 +618,13 @@ def _utility(orig: dict, anon: dict, refs: dict, asr_models: tuple[str, ...], re
         texts = anon.get(f"text:{model}")
         if not refs or not texts:
             continue
-        e = _error_rate(refs, {u: normalize(texts[u]) for u in refs})
+        e = corpus_error_rate(refs, {u: normalize(texts[u]) for u in refs})
         out["asr"][model] = {"wer": e["rate"], "wer_split": e["split"], "asr_runaways": e["runaways"],
                              "wer_without_runaways": e["rate_without_runaways"]}
         if i == 0:
             out.update(out["asr"][model], wer_words=e["tokens"])
     if ref_phones and anon.get("phones"):
-        e = _error_rate(ref_phones, anon["phones"])
+        e = corpus_error_rate(ref_phones, anon["phones"])
         out["per"], out["per_phones"], out["per_split"] = e["rate"], e["tokens"], e["split"]
     else:
         out["per"] = None

@@ -153,23 +153,23 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
             warp = (TRACT_WARP if up else 1.0 / TRACT_WARP) if r == "synth_tract" else 1.0
             out[r] = _match_rms(synthesise(f, harm, noise, seed, warp), x)
     student_rows = [r for r in rows if r.startswith("student_")]
+    probe_rows = [r for r in rows if r.startswith("probe_")]
+    own = extract.speaker_embedding([x]) if "student_own" in rows or probe_rows else None
     if student_rows:
         z = extract.units(x)
         t = min(len(z), len(f0) // 2)
         gen = _model("strong_generator")
         for r in student_rows:
-            emb = extract.speaker_embedding([x]) if r == "student_own" else voice.embedding
+            emb = own if r == "student_own" else voice.embedding
             f = (f0 if r == "student_own" else f0_pseudo)[: 2 * t].astype(np.float32)
             noise = torch.randn(1, 320 * t, generator=torch.Generator().manual_seed(seed))
             with torch.no_grad():
                 y = gen(torch.from_numpy(z[None, :t]), torch.from_numpy(f[None]),
                         torch.from_numpy(np.asarray(emb, np.float32)[None]), noise)[0].numpy()
             out[r] = _match_rms(y, x)
-    probe_rows = [r for r in rows if r.startswith("probe_")]
     if probe_rows:
         from rtanon.train import envelope_probe
 
-        own = extract.speaker_embedding([x])
         for r in probe_rows:
             kind, voice_kind = r.split("_")[1:]
             net = _model("probe", path=str(Path(probes) / f"envprobe_{kind}.pt"))
@@ -211,20 +211,21 @@ def error_rates(results: dict, refs: dict, ref_phones: dict, row: str, asr: tupl
     the WER, and the WER without the utterances where that model looped on this row's audio
     (``rtanon.eval.metrics.asr_runaway``: one loop adds a hundred insertions to a few hundred words),
     ``loops`` of them; the PER."""
-    from rtanon.eval.metrics import asr_runaway, error_counts
+    from rtanon.eval.runner import corpus_error_rate
     from rtanon.eval.textnorm import normalize
 
     utts = [u for u in sorted(results) if row in results[u]]
     out = {"utterances": len(utts)}
+    if not utts:
+        return {**out, "per": None, **{k: None for m in asr for k in (f"wer_{m}", f"wer_{m}_noloop")},
+                **{f"loops_{m}": 0 for m in asr}}
     for m in asr:
-        hyps = {u: normalize(results[u][row][f"text:{m}"]) for u in utts}
-        kept = [u for u in utts if not asr_runaway(refs[u], hyps[u])]
-        for key, group in ((f"wer_{m}", utts), (f"wer_{m}_noloop", kept)):
-            errs = sum(sum(error_counts(refs[u], hyps[u])) for u in group)
-            out[key] = errs / max(1, sum(len(refs[u]) for u in group)) if group else None
-        out[f"loops_{m}"] = len(utts) - len(kept)
-    errs = sum(sum(error_counts(ref_phones[u], results[u][row]["phones"].split())) for u in utts)
-    out["per"] = errs / max(1, sum(len(ref_phones[u]) for u in utts)) if utts else None
+        e = corpus_error_rate({u: refs[u] for u in utts},
+                              {u: normalize(results[u][row][f"text:{m}"]) for u in utts})
+        out[f"wer_{m}"], out[f"loops_{m}"] = e["rate"], len(e["runaways"])
+        out[f"wer_{m}_noloop"] = e["rate_without_runaways"] if len(e["runaways"]) < len(utts) else None
+    out["per"] = corpus_error_rate({u: ref_phones[u] for u in utts},
+                                   {u: results[u][row]["phones"].split() for u in utts})["rate"]
     return out
 
 
