@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rtanon.batch import Call, Steps, run_alone
 from rtanon.config import AnonymizerConfig
 from rtanon.methods import METHODS, Method
 from rtanon.paths import printable
@@ -85,7 +86,6 @@ class PassThroughGuard:
         self.hop, self.delay = hop, delay
         self.max_lag = 2 * delay + hop
         self._hist = np.zeros(self.max_lag + hop, np.float32)
-        self._nfft = 1 << int(np.ceil(np.log2(self._hist.shape[0] + hop)))
 
     def reset(self) -> None:
         self._hist[:] = 0.0
@@ -97,25 +97,45 @@ class PassThroughGuard:
 
     def fault(self, y: np.ndarray, x: np.ndarray) -> str | None:
         """Why ``y`` (the method's output for input chunk ``x``) is a pass-through, or None."""
+        return run_alone(self.fault_steps(y, x))
+
+    def fault_steps(self, y: np.ndarray, x: np.ndarray) -> Steps:
+        """``fault`` with the correlation yielded (:mod:`rtanon.batch`: one FFT call for many sessions)."""
         if np.shares_memory(y, x):
             return "a stage returned its input buffer"
         ny = float(np.sqrt(np.dot(y, y)))
         floor = _MIN_GUARD_RMS * np.sqrt(self.hop)
         if ny <= floor:
             return None
-        h, n = self._hist, self.hop
-        # dots[k] = <h[k:k + n], y>: the input window that ends `lag` = len(h) - n - k samples before now
-        spec = np.fft.rfft(h, self._nfft) * np.conj(np.fft.rfft(y, self._nfft))
-        dots = np.fft.irfft(spec, self._nfft)[: h.shape[0] - n + 1]
-        energy = np.concatenate(([0.0], np.cumsum(h.astype(np.float64) ** 2)))
-        norms = np.sqrt(np.maximum(energy[n:] - energy[:-n], 0.0))
+        lag, corr = yield Call(_CORRELATION, (self._hist.shape[0], y.shape[0]), (self._hist, y, ny, floor))
+        if corr >= PASSTHROUGH_CORRELATION:
+            return f"the output repeats the input (correlation >= {PASSTHROUGH_CORRELATION} at lag {lag})"
+        return None
+
+
+class _Correlation:
+    """The guard's correlations of output chunks with input histories, a batch at once: rows of
+    ``(history (h,), y (n,), |y|, floor)`` with one h and n -> ``(lag, correlation)`` of each row's
+    most correlated input window."""
+
+    def run_batch(self, rows) -> list[tuple[int, float]]:
+        hist = np.stack([r[0] for r in rows])
+        y = np.stack([r[1] for r in rows])
+        ny = np.array([r[2] for r in rows])[:, None]
+        floor = rows[0][3]
+        (h, n), nfft = (hist.shape[1], y.shape[1]), 1 << int(np.ceil(np.log2(hist.shape[1] + y.shape[1])))
+        # dots[:, k] = <h[k:k + n], y>: the input window that ends `lag` = h - n - k samples before now
+        spec = np.fft.rfft(hist, nfft, axis=1) * np.conj(np.fft.rfft(y, nfft, axis=1))
+        dots = np.fft.irfft(spec, nfft, axis=1)[:, : h - n + 1]
+        energy = np.concatenate((np.zeros((len(rows), 1)), np.cumsum(hist.astype(np.float64) ** 2, axis=1)), axis=1)
+        norms = np.sqrt(np.maximum(energy[:, n:] - energy[:, :-n], 0.0))
         corr = np.abs(dots) / np.maximum(norms * ny, 1e-30)
         corr[norms <= floor] = 0.0
-        k = int(np.argmax(corr))
-        if corr[k] >= PASSTHROUGH_CORRELATION:
-            return (f"the output repeats the input (correlation >= {PASSTHROUGH_CORRELATION} at lag "
-                    f"{h.shape[0] - n - k})")
-        return None
+        k = np.argmax(corr, axis=1)
+        return [(h - n - int(k[b]), float(corr[b, k[b]])) for b in range(len(rows))]
+
+
+_CORRELATION = _Correlation()
 
 
 class Anonymizer:
@@ -204,6 +224,11 @@ class Session:
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """One chunk in (``chunk_samples`` float32 at 16 kHz, mono), one chunk of
         anonymized audio out (same shape, float32 in [-1, 1])."""
+        return run_alone(self.steps(chunk))
+
+    def steps(self, chunk: np.ndarray) -> Steps:
+        """``process`` with the shared models' calls yielded (:mod:`rtanon.batch`): what a server runs
+        for many sessions at once, with every fail-closed rule of ``process``."""
         check_chunk(chunk, self.chunk_samples, "Session.process")
         t0 = time.perf_counter_ns()
         if not np.isfinite(chunk).all():
@@ -211,15 +236,23 @@ class Session:
             chunk = np.nan_to_num(chunk, nan=0.0, posinf=1.0, neginf=-1.0)
         x = np.clip(chunk, -1.0, 1.0)
         try:
-            speech = self._timed("vad", self.vad.process, x)
+            t1 = time.perf_counter_ns()
+            speech = self.vad.process(x)
+            self._took("vad", t1)
             self.guard.push(x)
             y = x
             for i, stage in enumerate(self.stages):
-                y = self._timed(type(stage).__name__, stage.process, y)
+                t1 = time.perf_counter_ns()
+                y = (yield from stage.steps(y)) if hasattr(stage, "steps") else stage.process(y)
+                self._took(type(stage).__name__, t1)
                 if y.shape != x.shape or not np.isfinite(y).all():
                     raise FloatingPointError("stage output is not a finite chunk of the input's shape")
-                if i == self._method_stages - 1 and (why := self._timed("guard", self.guard.fault, y, x)):
-                    raise FloatingPointError(why)
+                if i == self._method_stages - 1:
+                    t1 = time.perf_counter_ns()
+                    why = yield from self.guard.fault_steps(y, x)
+                    self._took("guard", t1)
+                    if why:
+                        raise FloatingPointError(why)
             if np.shares_memory(y, x) or np.shares_memory(y, chunk):
                 raise FloatingPointError("a stage returned its input buffer")
         except Exception as exc:  # fail closed: anything wrong in a stage gives comfort noise
@@ -240,13 +273,9 @@ class Session:
             self.times.total.append(time.perf_counter_ns() - t0)
         return out
 
-    def _timed(self, name, fn, *args):
-        if self.times is None:
-            return fn(*args)
-        t0 = time.perf_counter_ns()
-        result = fn(*args)
-        self.times.add(name, time.perf_counter_ns() - t0)
-        return result
+    def _took(self, name: str, t0: int) -> None:
+        if self.times is not None:
+            self.times.add(name, time.perf_counter_ns() - t0)
 
     def process_signal(self, signal: np.ndarray) -> np.ndarray:
         """Whole-signal helper (16 kHz mono float32): chunks it, compensates the

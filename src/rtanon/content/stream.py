@@ -31,6 +31,7 @@ from typing import Iterator
 
 import numpy as np
 
+from rtanon.batch import Call, Steps, run_alone
 from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES, SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
 
@@ -84,6 +85,7 @@ class ContentEncoderModel:
         #: sha256 of the graph file: names the encoder a vocoder was trained on (``VocoderConfig.content_sha256``)
         self.sha256 = hashlib.sha256(graph).hexdigest()
         self.session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+        self._graph, self._options, self._batched = graph, opts, None
         inputs = self.session.get_inputs()
         if inputs[0].name != "audio":
             raise ValueError(f"{onnx_path}: not a content-encoder graph (first input {inputs[0].name!r})")
@@ -110,6 +112,36 @@ class ContentEncoderModel:
         out = self.session.run(None, feed)
         return out[0][0], out[1][0], out[2:]
 
+    def run_batch(self, rows) -> list:
+        """Several streams' ``run``: ``rows`` of ``(audio (N,), state)`` with one N -> their
+        ``(probs, z, state)`` each, from one call of the graph with a batch axis (built from the
+        packaged graph on first use; the :class:`rtanon.batch.Runner` of the content stage)."""
+        if len(rows) == 1:
+            return [self.run(*rows[0])]
+        if self._batched is None:
+            self._batched = self._batched_session()
+        feed = {"audio": np.stack([audio for audio, _ in rows])}
+        feed.update((name, np.concatenate([state[j] for _, state in rows]))
+                    for j, name in enumerate(self.state_names))
+        probs, z, *state = self._batched.run(None, feed)
+        return [(probs[b], z[b], [s[b:b + 1] for s in state]) for b in range(len(rows))]
+
+    def _batched_session(self):
+        """The same graph with its batch axis (exported as 1) made free: needs the ``onnx`` package
+        (the ``[serve]`` extra); without it every row runs alone."""
+        try:
+            import onnx
+        except ImportError:
+            return _RowByRow(self)
+        graph = onnx.load_from_string(self._graph)
+        for value in list(graph.graph.input) + list(graph.graph.output):
+            dim = value.type.tensor_type.shape.dim[0]
+            dim.ClearField("dim_value")
+            dim.dim_param = "batch"
+        del graph.graph.value_info[:]  # shapes inferred at export name the batch of 1
+        return _ort().InferenceSession(graph.SerializeToString(), self._options,
+                                       providers=["CPUExecutionProvider"])
+
     def analyze(self, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Offline: a whole utterance (float32, 16 kHz) -> soft units (n, K) and projections (n, D) of its
         n = floor(len/320) frames, from a zero state, the last ``lookahead_frames`` hearing silence after it."""
@@ -125,6 +157,20 @@ class ContentEncoderModel:
 
     def open_stream(self, hop: int) -> "ContentEncoderStage":
         return ContentEncoderStage(self, hop)
+
+
+class _RowByRow:
+    """Stands in for the batched graph where ``onnx`` is missing: the rows one at a time."""
+
+    def __init__(self, model: ContentEncoderModel) -> None:
+        self.model = model
+
+    def run(self, _, feed: dict) -> list:
+        outs = []
+        for b in range(feed["audio"].shape[0]):
+            probs, z, state = self.model.run(feed["audio"][b], [feed[n][b:b + 1] for n in self.model.state_names])
+            outs.append([probs[None], z[None], *state])
+        return [np.concatenate(parts) for parts in zip(*outs)]
 
 
 class ContentEncoderStage:
@@ -154,13 +200,19 @@ class ContentEncoderStage:
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """``hop`` float32 samples (16 kHz) -> (n, D) float32 projections ``z`` of the frames completed now."""
+        return run_alone(self.steps(chunk))
+
+    def steps(self, chunk: np.ndarray) -> Steps:
+        """``process`` with the graph's call yielded (:mod:`rtanon.batch`), keyed by its sample count."""
         check_chunk(chunk, self._hop, "ContentEncoderStage.process")
         buf = np.concatenate([self._pending, chunk]) if len(self._pending) else chunk
         n = (len(buf) // FRAME_SAMPLES) * FRAME_SAMPLES
-        self._pending = buf[n:].copy()
+        pending = buf[n:].copy()
         if n == 0:
+            self._pending = pending
             return np.zeros((0, self._dim), dtype=np.float32)
-        _, z, self._state = self.model.run(np.ascontiguousarray(buf[:n]), self._state)
+        _, z, state = yield Call(self.model, n, (np.ascontiguousarray(buf[:n]), self._state))
+        self._pending, self._state = pending, state
         if self._skip:
             drop = min(self._skip, z.shape[0])
             z, self._skip = z[drop:], self._skip - drop

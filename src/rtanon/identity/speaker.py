@@ -90,40 +90,45 @@ class PseudoSpeaker:
         except (OSError, ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, too deep, too many digits
             raise IdentityError(f"{printable(path)}: not an rtanon identity file "
                                 f"({printable(exc, 120)})") from None
+        return cls.from_json(d, printable(path))
+
+    @classmethod
+    def from_json(cls, d, where: str = "identity") -> "PseudoSpeaker":
+        """An identity from its parsed JSON (what ``load`` reads), checked; ``where`` names it in errors."""
         if not isinstance(d, dict) or "embedding" not in d or "f0_quantiles_hz" not in d:
-            raise IdentityError(f"{printable(path)}: an identity file needs 'embedding' and 'f0_quantiles_hz'")
+            raise IdentityError(f"{where}: an identity file needs 'embedding' and 'f0_quantiles_hz'")
         for key, kind in (("strategy", dict), ("gender", str), ("created_utc", str), ("encoder", str)):
             if not isinstance(d.get(key, kind()), kind):
-                raise IdentityError(f"{printable(path)}: {key!r} must be a JSON "
+                raise IdentityError(f"{where}: {key!r} must be a JSON "
                                     f"{'object' if kind is dict else 'string'}; make a new identity with "
                                     "`rtanon identity new`")
         version = d.get("format_version", IDENTITY_FORMAT_VERSION)
         if not isinstance(version, int) or isinstance(version, bool):
-            raise IdentityError(f"{printable(path)}: 'format_version' must be the JSON number "
+            raise IdentityError(f"{where}: 'format_version' must be the JSON number "
                                 f"{IDENTITY_FORMAT_VERSION}, not a {type(version).__name__} "
                                 f"({printable(json.dumps(version), 20)}); make a new identity with `rtanon identity new`")
         if version != IDENTITY_FORMAT_VERSION:
-            raise IdentityError(f"{printable(path)}: identity format {printable(d.get('format_version'), 20)}, "
+            raise IdentityError(f"{where}: identity format {printable(d.get('format_version'), 20)}, "
                                 f"this rtanon reads {IDENTITY_FORMAT_VERSION}")
-        emb = _numbers(d["embedding"], "embedding", path)
-        f0 = _numbers(d["f0_quantiles_hz"], "f0_quantiles_hz", path)
-        levels = (_numbers(d["quantile_levels"], "quantile_levels", path) if d.get("quantile_levels") is not None
+        emb = _numbers(d["embedding"], "embedding", where)
+        f0 = _numbers(d["f0_quantiles_hz"], "f0_quantiles_hz", where)
+        levels = (_numbers(d["quantile_levels"], "quantile_levels", where) if d.get("quantile_levels") is not None
                   else np.linspace(0.0, 1.0, f0.shape[0]).round(4))
         with np.errstate(all="ignore"):
             emb = unit_norm(emb)
         if not np.isfinite(emb).all() or not np.any(emb):  # zeros, or squares beyond float32 (values over 1e19)
-            raise IdentityError(f"{printable(path)}: 'embedding' is all zeros or too large for float32; make a "
+            raise IdentityError(f"{where}: 'embedding' is all zeros or too large for float32; make a "
                                 "new identity with `rtanon identity new`")
         if levels.shape[0] < 2 or levels[0] < 0.0 or levels[-1] > 1.0 or np.any(np.diff(levels) <= 0):
-            raise IdentityError(f"{printable(path)}: 'quantile_levels' must be increasing fractions from 0 to 1")
+            raise IdentityError(f"{where}: 'quantile_levels' must be increasing fractions from 0 to 1")
         if f0.shape != levels.shape:
-            raise IdentityError(f"{printable(path)}: 'f0_quantiles_hz' has {f0.shape[0]} values for "
+            raise IdentityError(f"{where}: 'f0_quantiles_hz' has {f0.shape[0]} values for "
                                 f"{levels.shape[0]} quantile levels")
         lo, hi = F0_QUANTILE_RANGE_HZ
         median = float(np.interp(0.5, levels, f0))
         if (f0.min() < lo or f0.max() > hi or np.any(np.diff(f0) < 0)
                 or not F0_MEDIAN_RANGE_HZ[0] <= median <= F0_MEDIAN_RANGE_HZ[1]):
-            raise IdentityError(f"{printable(path)}: 'f0_quantiles_hz' must be non-decreasing voice pitches "
+            raise IdentityError(f"{where}: 'f0_quantiles_hz' must be non-decreasing voice pitches "
                                 f"from {lo:.0f} to {hi:.0f} Hz with a median from {F0_MEDIAN_RANGE_HZ[0]:.0f} to "
                                 f"{F0_MEDIAN_RANGE_HZ[1]:.0f} Hz (got {f0.min():.4g} to {f0.max():.4g} Hz, "
                                 f"median {median:.4g})")
@@ -131,7 +136,7 @@ class PseudoSpeaker:
                    d.get("encoder", ""), tuple(float(v) for v in levels))
 
 
-def _numbers(value, name: str, path: Path) -> np.ndarray:
+def _numbers(value, name: str, where: str) -> np.ndarray:
     """``value`` as a 1-D float32 array of numbers finite in float32 (what the model computes in), or an
     IdentityError naming the field."""
     ok = isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -143,7 +148,7 @@ def _numbers(value, name: str, path: Path) -> np.ndarray:
     with np.errstate(over="ignore"):
         arr = None if arr is None else arr.astype(np.float32)
     if arr is None or not np.isfinite(arr).all():
-        raise IdentityError(f"{printable(path)}: {name!r} must be a list of finite numbers; make a new identity "
+        raise IdentityError(f"{where}: {name!r} must be a list of finite numbers; make a new identity "
                             "with `rtanon identity new`")
     return arr
 

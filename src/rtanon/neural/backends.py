@@ -39,8 +39,10 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from rtanon import atomic
+from rtanon.batch import Call, Steps, run_alone
 from rtanon.constants import FRAME_SAMPLES
 from rtanon.errors import UserError
+from rtanon.neural.batching import StepRunner
 
 
 class BackendUnavailable(UserError, RuntimeError):
@@ -377,6 +379,7 @@ class VocoderStream:
         if speaker.ndim != 1:
             raise ValueError(f"speaker must be a 1-D embedding, got shape {speaker.shape}")
         self._backend = backend
+        self._runner = StepRunner(backend)
         self._speaker = speaker[None, :]
         self._rng = rng
         self.reset()
@@ -392,14 +395,20 @@ class VocoderStream:
         """Steps through ``backend`` from now on (the same model behind another front, e.g. a
         :class:`rtanon.neural.batching.BatchedVocoder` that batches several sessions' steps)."""
         self._backend = backend
+        self._runner = StepRunner(backend)
 
     def process(self, units: np.ndarray, f0_hz: np.ndarray) -> np.ndarray:
+        return run_alone(self.steps(units, f0_hz))
+
+    def steps(self, units: np.ndarray, f0_hz: np.ndarray) -> Steps:
+        """``process`` with the backend's step yielded (:mod:`rtanon.batch`), keyed by the frame count;
+        every session of one backend shares its runner, so a batch calls the backend once."""
         if units.ndim != 2 or f0_hz.shape != (2 * units.shape[0],):
             raise ValueError(f"expected units (L, K) at 50 Hz and f0_hz (2L,) at 100 Hz, got {units.shape} "
                              f"and {f0_hz.shape}")
         n = units.shape[0]
         noise = self._rng.standard_normal((1, FRAME_SAMPLES * n), dtype=np.float32)
-        audio, self._state = self._backend.step(units[None].astype(np.float32, copy=False),
-                                                f0_hz[None].astype(np.float32, copy=False),
-                                                self._speaker, noise, self._state)
+        audio, self._state = yield Call(self._runner, n, (units[None].astype(np.float32, copy=False),
+                                                          f0_hz[None].astype(np.float32, copy=False),
+                                                          self._speaker, noise, self._state))
         return np.asarray(audio[0], np.float32)

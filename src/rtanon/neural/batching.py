@@ -31,6 +31,39 @@ def _cat(parts: list):
     return torch.cat(parts, dim=0)
 
 
+def step_rows(backend, rows) -> list:
+    """Rows of ``backend.step`` arguments ``(units, f0_hz, speaker, noise, state)``, one or more sessions
+    each, with one frame count -> their ``(audio, state)``, from one call of ``backend.step``: the
+    sessions' inputs and states concatenated on the batch axis, the results split back."""
+    if len(rows) == 1:
+        return [backend.step(*rows[0])]
+    ins = [_cat([r[i] for r in rows]) for i in range(4)]
+    state = [_cat([r[4][j] for r in rows]) for j in range(len(rows[0][4]))]
+    audio, new = backend.step(*ins, state)
+    out, row = [], 0
+    for r in rows:
+        b = r[0].shape[0]
+        out.append((audio[row:row + b], type(new)(x[row:row + b] for x in new)))
+        row += b
+    return out
+
+
+class StepRunner:
+    """The :class:`rtanon.batch.Runner` of one vocoder backend (``run_batch`` = :func:`step_rows`)."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def __eq__(self, other) -> bool:  # every stream's runner of one backend batches with the others
+        return isinstance(other, StepRunner) and other.backend is self.backend
+
+    def __hash__(self) -> int:
+        return id(self.backend)
+
+    def run_batch(self, rows) -> list:
+        return step_rows(self.backend, rows)
+
+
 class _Step:
     __slots__ = ("args", "result", "error", "done")
 
@@ -94,13 +127,8 @@ class BatchedVocoder:
         self._cv.notify_all()
 
     def _run(self, group: list[_Step]) -> None:
-        ins = [_cat([s.args[i] for s in group]) for i in range(4)]
-        state = [_cat([s.args[4][j] for s in group]) for j in range(len(group[0].args[4]))]
-        audio, new = self.backend.step(*ins, state)
+        results = step_rows(self.backend, [s.args for s in group])
         self.calls += 1
         self.rows += len(group)
-        row = 0
-        for s in group:
-            b = s.args[0].shape[0]
-            s.result = (audio[row:row + b], type(new)(x[row:row + b] for x in new))
-            row += b
+        for s, result in zip(group, results):
+            s.result = result

@@ -48,6 +48,7 @@ from typing import Iterator
 
 import numpy as np
 
+from rtanon.batch import Steps, run_alone
 from rtanon.config import ConfigError, NeuralConfig
 from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES
 from rtanon.errors import UserError
@@ -250,6 +251,10 @@ class NeuralVoiceStage:
         return (frames * g).astype(np.float32).reshape(-1)
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
+        return run_alone(self.steps(chunk))
+
+    def steps(self, chunk: np.ndarray) -> Steps:
+        """``process`` with the content encoder's and the vocoder's calls yielded (:mod:`rtanon.batch`)."""
         check_chunk(chunk, self._hop, "NeuralVoiceStage.process")
         t0 = time.perf_counter_ns()
         if self._match:  # RMS of every completed 20 ms input frame, in the vocoder's frame grid
@@ -258,7 +263,7 @@ class NeuralVoiceStage:
             rms = np.sqrt(np.mean(np.square(buf[:k * FRAME_SAMPLES].reshape(k, FRAME_SAMPLES)), axis=1))
             self._in_rms = np.concatenate([self._in_rms, rms.astype(np.float32)])
             self._in_pending = buf[k * FRAME_SAMPLES:]
-        units = self.content.process(chunk)
+        units = yield from self.content.steps(chunk)
         t1 = time.perf_counter_ns()
         f0 = self.f0.process(chunk)
         if self._f0_skip:
@@ -278,7 +283,7 @@ class NeuralVoiceStage:
             content = np.concatenate([self._units[:n], self._mel[:n]], axis=1)
             self._mel = self._mel[n:]
         if n:
-            audio = self.vocoder.process(content, self._f0[:2 * n])
+            audio = yield from self.vocoder.steps(content, self._f0[:2 * n])
             self._units, self._f0 = self._units[n:], self._f0[2 * n:]
             if self._match:
                 audio = self._scale(audio, n)

@@ -1,0 +1,101 @@
+"""Sessions run batched (``rtanon.batch.run_batched``) give what they give alone, and one session's
+failure stays its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rtanon.audio_io import read_audio
+from rtanon.batch import Call, Failed, run_alone, run_batched
+from rtanon.config import AnonymizerConfig
+from rtanon.engine import Anonymizer
+
+
+class Doubler:
+    """A toy runner: doubles each row; a negative row makes the whole batch raise."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run_batch(self, rows):
+        self.calls.append(len(rows))
+        if any(r[0] < 0 for r in rows):
+            raise ValueError("negative row")
+        return [2 * r[0] for r in rows]
+
+
+def two_calls(runner, x):
+    try:
+        a = yield Call(runner, None, (x,))
+        b = yield Call(runner, None, (a + 1,))
+    except ValueError as exc:
+        return f"failed: {exc}"
+    return b
+
+
+def test_rows_of_one_round_share_one_call_and_a_failing_row_fails_alone():
+    runner = Doubler()
+    assert run_alone(two_calls(runner, 3)) == 14
+    runner.calls.clear()
+    results = run_batched([two_calls(runner, x) for x in (1, -5, 2, 3)])
+    assert results == [6, "failed: negative row", 10, 14]
+    # round 1: the batch of 4 fails, then each row alone (4 calls); round 2: the 3 survivors in one call
+    assert runner.calls == [4, 1, 1, 1, 1, 3]
+
+
+def test_an_exception_a_generator_does_not_catch_is_returned_not_raised():
+    def bad(runner):
+        yield Call(runner, None, (-1,))
+
+    def good(runner):
+        return (yield Call(runner, None, (1,)))
+
+    runner = Doubler()
+    results = run_batched([bad(runner), good(runner)])
+    assert isinstance(results[0], Failed) and results[1] == 2
+
+
+def chunks_of(path, n_chunks: int, chunk: int = 320) -> np.ndarray:
+    x = read_audio(path)
+    x = np.tile(x, -(-n_chunks * chunk // len(x)))
+    return x[: n_chunks * chunk].reshape(n_chunks, chunk)
+
+
+@pytest.mark.parametrize("method", ["mcadams", "neural"])
+def test_batched_sessions_equal_the_same_sessions_alone(method, speech_paths):
+    """Four sessions (their own speech and pinned voices) stepped together: every chunk equals what the same
+    session gives alone, and the batch called each shared model once per round."""
+    anonymizer = Anonymizer(AnonymizerConfig(method=method))
+    inputs = [chunks_of(speech_paths[i], 60) for i in range(4)]
+    alone = [anonymizer.open_session(seed=10 + i) for i in range(4)]
+    together = [anonymizer.open_session(seed=10 + i) for i in range(4)]
+    stats: dict = {}
+    for t in range(60):
+        want = [s.process(inputs[i][t]) for i, s in enumerate(alone)]
+        got = run_batched([s.steps(inputs[i][t]) for i, s in enumerate(together)], stats)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, atol=2e-4)
+    assert all(s.counters.stage_errors == 0 for s in together)
+    assert sum(s.counters.rendered_chunks for s in together) > 0
+    names = {"mcadams": {"_Correlation"}, "neural": {"_Correlation", "ContentEncoderModel", "StepRunner"}}[method]
+    assert names <= set(stats)
+    for name in names:  # one call per round for all four sessions
+        assert stats[name]["rows"] >= 3 * stats[name]["calls"], (name, stats[name])
+
+
+def test_a_session_whose_vocoder_row_fails_gets_comfort_noise_and_the_others_do_not_notice(speech_paths):
+    anonymizer = Anonymizer(AnonymizerConfig(method="neural"))
+    inputs = [chunks_of(speech_paths[i], 40) for i in range(3)]
+    alone = [anonymizer.open_session(seed=20 + i) for i in range(3)]
+    together = [anonymizer.open_session(seed=20 + i) for i in range(3)]
+    broken = together[1].stages[0].vocoder
+    broken._speaker = np.full_like(broken._speaker[:, :3], 0.1)  # a wrong width: its row cannot run
+    for t in range(40):
+        want = [s.process(inputs[i][t]) for i, s in enumerate(alone)]
+        got = run_batched([s.steps(inputs[i][t]) for i, s in enumerate(together)])
+        for i in (0, 2):
+            np.testing.assert_allclose(got[i], want[i], atol=2e-4)
+        assert got[1].shape == (320,) and np.abs(got[1]).max() < 0.01  # comfort noise (or silence)
+    assert together[1].counters.stage_errors > 0
+    assert together[0].counters.stage_errors == together[2].counters.stage_errors == 0
