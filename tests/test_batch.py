@@ -99,3 +99,14 @@ def test_a_session_whose_vocoder_row_fails_gets_comfort_noise_and_the_others_do_
         assert got[1].shape == (320,) and np.abs(got[1]).max() < 0.01  # comfort noise (or silence)
     assert together[1].counters.stage_errors > 0
     assert together[0].counters.stage_errors == together[2].counters.stage_errors == 0
+
+
+def test_the_allpass_kernel_is_scipys_sosfilt_chunk_after_chunk(speech):
+    from scipy.signal import sosfilt
+
+    from rtanon.stages.allpass import AllPassStage
+
+    stage = AllPassStage(320, 4, np.random.default_rng(3))
+    x = speech[: 320 * 50].astype(np.float32)
+    got = np.concatenate([stage.process(c) for c in x.reshape(-1, 320)])
+    np.testing.assert_allclose(got, sosfilt(stage._sos, x).astype(np.float32), atol=1e-6)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from rtanon.batch import Call, Steps, run_alone
 from rtanon.config import McAdamsConfig
 from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
-from rtanon.stages.mcadams_kernels import companion, lpc_autocorr, resynthesize
+from rtanon.stages.mcadams_kernels import companion, lpc_autocorr, lpc_companions, resynthesize, resynthesize_rows
 
 _EPS = 1e-9
 
@@ -64,16 +65,41 @@ class McAdamsStage:
         self._ola = np.zeros(self._window)
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
+        return run_alone(self.steps(chunk))
+
+    def steps(self, chunk: np.ndarray) -> Steps:
+        """``process`` with the chunk's frames handed to the shared frame transform as one call
+        (:mod:`rtanon.batch`: one call for every session's frames)."""
         check_chunk(chunk, self._hop, "McAdamsStage")
         pending = np.concatenate((self._pending, chunk.astype(np.float64)))
-        out = np.empty(self._hop, dtype=np.float32)
         fh, win = self._frame_hop, self._win
-        for k in range(self._hop // fh):
-            frame = pending[k * fh : k * fh + self._window] * win
-            if np.dot(frame, frame) > _EPS:
-                self._ola += mcadams_frame(frame, self.alpha, self._order) * win
+        frames = np.stack([pending[k * fh : k * fh + self._window] * win for k in range(self._hop // fh)])
+        voiced = np.einsum("ij,ij->i", frames, frames) > _EPS
+        if voiced.any():
+            shaped = yield Call(_FRAMES, (self._window, self._order), (frames[voiced], self.alpha, self._order))
+        out = np.empty(self._hop, dtype=np.float32)
+        j = 0
+        for k in range(frames.shape[0]):
+            if voiced[k]:
+                self._ola += shaped[j] * win
+                j += 1
             out[k * fh : (k + 1) * fh] = self._ola[:fh]
             self._ola[:-fh] = self._ola[fh:]
             self._ola[-fh:] = 0.0
         self._pending = pending[self._hop :]
         return out
+
+
+class _FrameTransform:
+    """``mcadams_frame`` of many frames at once: rows of ``(frames (k, n), alpha, order)`` with one n and
+    order -> each row's transformed frames ``(k, n)`` (the LAPACK eigenvalue problem as one stacked call)."""
+
+    def run_batch(self, rows) -> list[np.ndarray]:
+        frames = np.concatenate([r[0] for r in rows])
+        alphas = np.concatenate([np.full(r[0].shape[0], r[1]) for r in rows])
+        polys, mats = lpc_companions(frames, rows[0][2])
+        out = resynthesize_rows(frames, polys, np.linalg.eigvals(mats), alphas)
+        return np.split(out, np.cumsum([r[0].shape[0] for r in rows])[:-1])
+
+
+_FRAMES = _FrameTransform()

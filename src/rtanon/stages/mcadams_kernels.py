@@ -96,3 +96,26 @@ def resynthesize(frame, a, poles, alpha):
     if e_out > _EPS:
         out *= np.sqrt(e_in / e_out)
     return out
+
+
+@njit(cache=True, nogil=True)
+def lpc_companions(frames, order):
+    """``(R, n)`` windowed frames -> their LPC polynomials ``(R, order + 1)`` and companion matrices
+    ``(R, order, order)``: ``lpc_autocorr`` and ``companion`` of every row (frames of many sessions)."""
+    rows = frames.shape[0]
+    polys = np.empty((rows, order + 1))
+    mats = np.empty((rows, order, order))
+    for i in range(rows):
+        polys[i] = lpc_autocorr(frames[i], order)
+        mats[i] = companion(polys[i])
+    return polys, mats
+
+
+@njit(cache=True, nogil=True)
+def resynthesize_rows(frames, polys, poles, alphas):
+    """``resynthesize`` of every row: ``(R, n)`` frames, ``(R, order + 1)`` polynomials, ``(R, order)``
+    poles, ``(R,)`` alphas -> ``(R, n)``."""
+    out = np.empty_like(frames)
+    for i in range(frames.shape[0]):
+        out[i] = resynthesize(frames[i], polys[i], poles[i], alphas[i])
+    return out
