@@ -30,8 +30,72 @@ def register(sub) -> None:
                    help="also run a simulated live loop (rtanon live's ring buffers and worker, 10 ms callbacks "
                         "at real-time pace) for S seconds and count missed deadlines at this chunk size "
                         "(default: 10; 0 skips it)")
+    p.add_argument("--serve", action="store_true",
+                   help="measure `rtanon serve` instead: a fresh server on loopback per trial, --sessions "
+                        "clients streaming speech in real time for --serve-seconds; prints per-tick compute "
+                        "p50/p99, missed deadlines per session, round trips (needs the [serve] extra)")
+    p.add_argument("--sessions", type=int, default=8, metavar="N",
+                   help="with --serve: concurrent sessions (default: 8); with --ramp the largest tried")
+    p.add_argument("--ramp", action="store_true",
+                   help="with --serve: find the largest N held with no missed deadline (doubling from 1, then "
+                        "bisecting; each trial --serve-seconds long)")
+    p.add_argument("--serve-seconds", type=float, default=60.0, metavar="S",
+                   help="with --serve: length of each trial (default: 60)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
     p.set_defaults(func=run)
+
+
+def run_serve(args) -> int:
+    import json
+
+    from rtanon import bench
+    from rtanon.errors import CliError
+
+    try:
+        from rtanon.serve.bench import engine_args_of, ramp, run_trial
+    except ImportError:
+        raise CliError("rtanon bench --serve needs the [serve] extra: pip install 'rtanon[serve]'") from None
+    if args.sessions < 1:
+        raise CliError(f"--sessions {args.sessions}: use 1 or more")
+    if args.serve_seconds < 2:
+        raise CliError(f"--serve-seconds {args.serve_seconds}: use 2 or more")
+    speech = [bench.speech_signal(max(args.seconds, 10.0), args.input)]
+    engine = engine_args_of(args)
+    start = {"method": args.method, "privacy": args.privacy}
+    print(f"rtanon serve, method {args.method}" + (f" ({args.privacy})" if args.method == "neural" else "")
+          + f", {args.serve_seconds:.0f} s per trial; the load generator shares this machine")
+    print(f"{'sessions':>8}{'tick p50 ms':>12}{'tick p99 ms':>12}{'>20 ms':>8}{'per session':>12}"
+          f"{'missed':>8}{'max/sess':>9}{'lost':>6}{'rt p50':>8}{'rt p99':>8}  held")
+
+    def say(r: dict) -> None:
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        print(f"{r['sessions']:>8}{fmt(r['tick_compute_p50_ms'], '.2f'):>12}{fmt(r['tick_compute_p99_ms'], '.2f'):>12}"
+              f"{fmt(r['ticks_over_20ms'], 'd'):>8}{fmt(r['per_session_ms'], '.3f'):>12}{r['missed_total']:>8}"
+              f"{r['missed_max_per_session']:>9}{r['frames_lost']:>6}{fmt(r['round_trip_p50_ms'], '.1f'):>8}"
+              f"{fmt(r['round_trip_p99_ms'], '.1f'):>8}  {'yes' if r['held'] else 'NO'}"
+              + (f"  ({r['sessions_failed']} sessions failed: {r['errors'][0]})" if r["errors"] else ""), flush=True)
+
+    def trial(n: int, seconds: float = args.serve_seconds) -> dict:
+        return run_trial(engine, start, n, seconds, speech)
+
+    alone = trial(1, min(args.serve_seconds, 10.0))
+    say(alone)
+    result: dict = {"method": args.method, "privacy": args.privacy, "alone": alone}
+    if args.ramp:
+        result["max_sessions_held"], result["trials"] = ramp(trial, 1, args.sessions, say)
+        print(f"largest N held for {args.serve_seconds:.0f} s with no missed deadline: {result['max_sessions_held']}")
+    else:
+        result["trials"] = [trial(args.sessions)]
+        say(result["trials"][0])
+    last = [t for t in result["trials"] if t["held"]] or result["trials"]
+    top = max(last, key=lambda t: t["sessions"])
+    if alone["per_session_ms"] and top["per_session_ms"]:
+        result["cost_ratio"] = round(top["per_session_ms"] / alone["per_session_ms"], 3)
+        print(f"per-session compute at {top['sessions']} sessions: {top['per_session_ms']:.3f} ms per 20 ms frame, "
+              f"{result['cost_ratio']:.2f} x its cost alone ({alone['per_session_ms']:.3f} ms)")
+    if args.json:
+        print(json.dumps(result))
+    return 0
 
 
 def run(args) -> int:
@@ -42,6 +106,8 @@ def run(args) -> int:
     from rtanon.engine import Anonymizer
     from rtanon.errors import CliError
 
+    if args.serve:
+        return run_serve(args)
     config = config_from_args(args)
     signal = bench.speech_signal(args.seconds, args.input)
     if args.stage is not None:

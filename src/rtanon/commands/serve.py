@@ -1,0 +1,137 @@
+"""``rtanon serve``: anonymize many live voices over WebSocket, every stage batched across sessions."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+from rtanon.commands._common import add_engine_args
+
+TOKEN_CHARS_MIN = 16
+MAX_TOKEN_FILE_BYTES = 4096
+
+
+def register(sub) -> None:
+    from rtanon.serve.scheduler import ServeConfig
+
+    d = ServeConfig()
+    p = sub.add_parser(
+        "serve", help="a WebSocket server that anonymizes many live sessions at once (batched)",
+        description="Each WebSocket connection to /ws is one live session: 20 ms frames of 16 kHz PCM16 in, "
+                    "the anonymized frames out with their sequence numbers (protocol: rtanon.serve.protocol). "
+                    "Every 20 ms one batched step runs all sessions; a frame not ready by its deadline is "
+                    "answered with comfort noise, never with the input. Each session gets a fresh voice "
+                    "unless its start message pins an identity. Every connection needs the token in "
+                    "--token-file (as `Authorization: Bearer TOKEN` or ?token=TOKEN).",
+        epilog="Examples: `rtanon serve --token-file ~/.config/rtanon/serve-token` (loopback, port 8765); "
+               "`rtanon serve --host 0.0.0.0 --certfile cert.pem --keyfile key.pem --token-file T`. "
+               "Measure what a machine holds with `rtanon bench --serve --sessions N`.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1; any other needs --certfile/--keyfile or "
+                        "--insecure)")
+    p.add_argument("--port", type=int, default=8765, help="TCP port (default: 8765; 0: any free port)")
+    p.add_argument("--token-file", metavar="FILE", required=True,
+                   help="the bearer token every connection must show; created with a fresh random token "
+                        "(mode 0600) when FILE does not exist")
+    p.add_argument("--certfile", metavar="PEM", default=None, help="TLS certificate chain (wss://)")
+    p.add_argument("--keyfile", metavar="PEM", default=None, help="TLS private key")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host without TLS (audio and token in clear text: a trusted "
+                        "network only)")
+    p.add_argument("--max-sessions", type=int, default=d.max_sessions,
+                   help=f"sessions served at once; more are refused with 503 (default: {d.max_sessions})")
+    p.add_argument("--deadline-ms", type=int, default=d.deadline_ms,
+                   help="a frame answered later than this after it arrived gets comfort noise instead "
+                        f"(default: {d.deadline_ms})")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def read_token(path: str, say) -> str:
+    """The token in ``path``; a new random one written there (0600) when it does not exist."""
+    from rtanon.errors import CliError
+    from rtanon.paths import InputPathError, printable, read_capped
+
+    file = Path(path)
+    if not file.exists():
+        token = secrets.token_urlsafe(32)
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        say(f"wrote a new token to {printable(file)}")
+        return token
+    try:
+        token = read_capped(file, MAX_TOKEN_FILE_BYTES, "token file").decode("utf-8").strip()
+    except (InputPathError, OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"--token-file {printable(path)}: {printable(exc, 120)}") from None
+    if len(token) < TOKEN_CHARS_MIN or not token.isprintable() or " " in token:
+        raise CliError(f"--token-file {printable(path)}: the token must be one word of at least "
+                       f"{TOKEN_CHARS_MIN} printable characters (delete the file to get a fresh one)")
+    return token
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args) -> int:
+    import asyncio
+    import ssl
+    import sys
+
+    from rtanon.commands._common import config_from_args
+    from rtanon.errors import CliError
+
+    try:
+        from rtanon.serve.server import ServeServer
+    except ImportError:
+        raise CliError("rtanon serve needs the [serve] extra: pip install 'rtanon[serve]' "
+                       "(or RTANON_EXTRAS=serve ./setup.sh)") from None
+    from rtanon.serve.scheduler import ServeConfig
+
+    def say(text: str) -> None:
+        print(f"rtanon serve: {text}", file=sys.stderr, flush=True)
+
+    if args.chunk_ms != 20:
+        raise CliError("--chunk-ms: rtanon serve runs 20 ms frames")
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port {args.port}: use 0 to 65535")
+    if (args.certfile is None) != (args.keyfile is None):
+        raise CliError("TLS needs both --certfile and --keyfile")
+    if not _is_loopback(args.host) and args.certfile is None and not args.insecure:
+        raise CliError(f"--host {args.host} is reachable from other machines: give --certfile and --keyfile "
+                       "(wss://), or --insecure on a trusted network")
+    config = ServeConfig(max_sessions=args.max_sessions, deadline_ms=args.deadline_ms)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    ssl_context = None
+    if args.certfile is not None:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ssl_context.load_cert_chain(args.certfile, args.keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise CliError(f"--certfile/--keyfile: {exc}") from None
+    token = read_token(args.token_file, say)
+    base = config_from_args(args)
+    server = ServeServer(config, token, base=base)
+    say(f"loading the {args.method} models")
+    server.anonymizer_for(base.method, base.neural.privacy)  # the default session's models, before listening
+    scheme = "wss" if ssl_context else "ws"
+
+    def ready(port: int) -> None:
+        say(f"listening on {scheme}://{args.host}:{port}/ws (up to {config.max_sessions} sessions; Ctrl-C stops)")
+
+    try:
+        asyncio.run(server.run(args.host, args.port, ssl_context, ready))
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    return 0
