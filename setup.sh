@@ -44,7 +44,7 @@ fi
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "rtanon needs Python >= 3.11 ($py is older); set PYTHON=" >&2; exit 1; }
 [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
 extras=${RTANON_EXTRAS:-}
-[ "$job" = test ] && extras="test,ui,serve,identity,eval,whisper-base,train,f0bench,corpus${extras:+,$extras}"
+[ "$job" = test ] && extras="test,ui,serve,serve-ray,identity,eval,whisper-base,train,f0bench,corpus${extras:+,$extras}"
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
 pip_install --upgrade pip >/dev/null
 case ",$extras," in

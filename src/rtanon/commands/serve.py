@@ -45,6 +45,17 @@ def register(sub) -> None:
     p.add_argument("--deadline-ms", type=int, default=d.deadline_ms,
                    help="a frame answered later than this after it arrived gets comfort noise instead "
                         f"(default: {d.deadline_ms})")
+    ray = p.add_argument_group("across machines, on Ray Serve (the [serve-ray] extra)")
+    ray.add_argument("--ray-address", metavar="ADDR", default=None,
+                     help="serve on this Ray cluster (`ray start --head` prints its address; `local` starts one "
+                          "on this machine): Ray Serve's proxy listens on --host/--port and routes each session to "
+                          "a replica for its life")
+    ray.add_argument("--replicas", type=int, default=1, metavar="K",
+                     help="with --ray-address: replicas of the batched server, each with its own models (default: 1)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="C",
+                     help="with --ray-address: CPU cores Ray reserves for each replica (default: 1)")
+    ray.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
+                     help="with --ray-address: GPUs per replica (default: 0; 1 for one replica per GPU)")
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -122,6 +133,10 @@ def run(args) -> int:
             raise CliError(f"--certfile/--keyfile: {exc}") from None
     token = read_token(args.token_file, say)
     base = config_from_args(args)
+    if args.ray_address is not None:
+        return run_on_ray(args, config, token, base, say)
+    if args.replicas != 1:
+        raise CliError("--replicas needs --ray-address (one process serves as one replica)")
     server = ServeServer(config, token, base=base)
     say(f"loading the {args.method} models")
     server.anonymizer_for(base.method, base.neural.privacy)  # the default session's models, before listening
@@ -134,4 +149,22 @@ def run(args) -> int:
         asyncio.run(server.run(args.host, args.port, ssl_context, ready))
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    return 0
+
+
+def run_on_ray(args, config, token: str, base, say) -> int:
+    from rtanon.errors import CliError
+
+    if args.port == 0:
+        raise CliError("--port 0: Ray Serve's proxy needs a fixed port")
+    if args.replicas < 1 or args.cpus_per_replica < 0 or args.gpus_per_replica < 0:
+        raise CliError("--replicas must be 1 or more, --cpus/--gpus-per-replica 0 or more")
+    try:
+        from rtanon.serve import ray_serve
+        import ray.serve  # noqa: F401
+    except ImportError:
+        raise CliError("--ray-address needs Ray Serve: pip install 'rtanon[serve-ray]'") from None
+    ray_serve.run(config, token, base, address=args.ray_address, host=args.host, port=args.port,
+                  replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
+                  gpus_per_replica=args.gpus_per_replica, certfile=args.certfile, keyfile=args.keyfile, say=say)
     return 0
