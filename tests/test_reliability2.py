@@ -394,6 +394,43 @@ def test_a_ray_address_with_no_cluster_is_a_usage_error_in_seconds(tmp_path, wav
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.parametrize("server, contains", [("silent", "does not answer within"), ("http", "not Ray's")])
+def test_a_ray_address_where_something_else_listens_is_a_usage_error_in_seconds(tmp_path, wav, server, contains):
+    """A TCP server that is not Ray: Ray's client used to retry for minutes (past 120 s)."""
+    import http.server
+    import socket
+    import threading
+    import time
+
+    pytest.importorskip("ray")
+    data = _corpus(tmp_path, wav, str(wav))
+    if server == "silent":  # the kernel accepts the connection; nothing ever answers on it
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port, stop = listener.getsockname()[1], listener.close
+    else:
+        quiet = type("Quiet", (http.server.BaseHTTPRequestHandler,), {"log_message": lambda *_: None})
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), quiet)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+
+        def stop():
+            httpd.shutdown()
+            httpd.server_close()
+    try:
+        t0 = time.monotonic()
+        proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(tmp_path / "out"), "--method", "mcadams",
+                       "--no-progress", "--ray-address", f"127.0.0.1:{port}", timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        stop()
+    _one_line_error(proc, contains=contains)
+    assert "no Ray cluster there" in proc.stderr
+    assert took < 30, took  # the greeting waits 5 s at most; the rest is start-up
+    assert not (tmp_path / "out").exists()
+
+
 # -- 4. interrupting a Ray run: the documented status, one line, no temporary file left -----------------
 
 @pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
