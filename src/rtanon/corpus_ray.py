@@ -22,6 +22,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from rtanon import ray_watchdog
 from rtanon.atomic import pid_alive
 from rtanon.corpus import CorpusError, process_batch, warm_up
 from rtanon.errors import Interrupted
@@ -40,6 +41,10 @@ _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: How long closing waits for killed actors to be gone.
 CLOSE_WAIT_S = 10.0
+
+#: The watchdog over the local Ray this process started (:mod:`rtanon.ray_watchdog`), like Ray itself one per
+#: process: started by start_ray, told by stop_ray that Ray was shut down.
+_watchdog = None
 
 
 def need_ray():
@@ -112,7 +117,8 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     cluster's resources. Local workers import rtanon from where this process does. A local Ray listens on
     127.0.0.1 only: Ray binds its servers (GCS, raylet, workers, this driver) to loopback when the node's
     address is loopback, which it chooses where it does not offer clusters (``LOOPBACK_ENV`` set to 0, read
-    when ray is imported, and its constant for a ray imported before)."""
+    when ray is imported, and its constant for a ray imported before). A watchdog process ends the local
+    Ray's processes should this one be killed (:mod:`rtanon.ray_watchdog`)."""
     if not address:
         os.environ[LOOPBACK_ENV] = "0"  # the processes Ray starts inherit it
     ray = need_ray()
@@ -133,8 +139,10 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
         if address:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         else:
+            before = ray_watchdog.children(os.getpid()) if ray_watchdog.supported() else {}
             ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                      logging_level=logging.ERROR, log_to_driver=False, object_store_memory=200 * 2**20)
+            _watch_local_ray(before)
     except ConnectionError as exc:
         raise CorpusError(f"--ray-address {address}: no Ray cluster there ({exc}); start one with "
                           "`ray start --head`") from None
@@ -158,10 +166,25 @@ def _interrupts_through_ray():
         raise
 
 
+def _watch_local_ray(before: dict[int, int]) -> None:
+    """Starts the watchdog over the processes ray.init started: this process's children not in ``before``."""
+    global _watchdog
+    if not ray_watchdog.supported():
+        return
+    started = {pid: t for pid, t in ray_watchdog.children(os.getpid()).items() if before.get(pid) != t}
+    if started:
+        _watchdog = ray_watchdog.start(started)
+
+
 def stop_ray() -> None:
+    """Shuts Ray down (a local Ray ends; a cluster stays), then lets the local Ray's watchdog go."""
+    global _watchdog
     ray = need_ray()
     if ray.is_initialized():
         ray.shutdown()
+    if _watchdog is not None:
+        ray_watchdog.stop(_watchdog)
+        _watchdog = None
 
 
 class CorpusWorker:
