@@ -394,16 +394,52 @@ def test_a_ray_address_with_no_cluster_is_a_usage_error_in_seconds(tmp_path, wav
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.parametrize("server, contains", [("silent", "does not answer within"), ("http", "not Ray's")])
+def test_a_ray_address_where_something_else_listens_is_a_usage_error_in_seconds(tmp_path, wav, server, contains):
+    """A TCP server that is not Ray: Ray's client used to retry for minutes (past 120 s)."""
+    import http.server
+    import socket
+    import threading
+    import time
+
+    pytest.importorskip("ray")
+    data = _corpus(tmp_path, wav, str(wav))
+    if server == "silent":  # the kernel accepts the connection; nothing ever answers on it
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port, stop = listener.getsockname()[1], listener.close
+    else:
+        quiet = type("Quiet", (http.server.BaseHTTPRequestHandler,), {"log_message": lambda *_: None})
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), quiet)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+
+        def stop():
+            httpd.shutdown()
+            httpd.server_close()
+    try:
+        t0 = time.monotonic()
+        proc = _rtanon("anonymize-dir", "--data", str(data), "--out", str(tmp_path / "out"), "--method", "mcadams",
+                       "--no-progress", "--ray-address", f"127.0.0.1:{port}", timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        stop()
+    _one_line_error(proc, contains=contains)
+    assert "no Ray cluster there" in proc.stderr
+    assert took < 30, took  # the greeting waits 5 s at most; the rest is start-up
+    assert not (tmp_path / "out").exists()
+
+
 # -- 4. interrupting a Ray run: the documented status, one line, no temporary file left -----------------
 
-@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_an_interrupted_ray_run_exits_with_the_signals_status_and_leaves_no_part_file(tmp_path, speech, sig, code):
-    import signal
+def _start_a_long_ray_run(tmp_path, speech):
+    """``anonymize-dir --workers 2`` on 16 two-minute utterances, in a session of its own, once a Ray worker
+    writes its first output (a ``.part`` file): (the driver's Popen, OUT)."""
     import subprocess
     import sys
     import time
 
-    pytest.importorskip("ray")
     long_wav = tmp_path / "long.wav"
     sf.write(long_wav, np.tile(speech, int(np.ceil(120 * RATE / speech.shape[0])))[: 120 * RATE], RATE)
     data = tmp_path / "data"
@@ -415,12 +451,21 @@ def test_an_interrupted_ray_run_exits_with_the_signals_status_and_leaves_no_part
     proc = subprocess.Popen([sys.executable, "-m", "rtanon", "anonymize-dir", "--data", str(data), "--out", str(out),
                              "--workers", "2", "--batch", "1", "--method", "mcadams", "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.is_dir() and any(p.name.endswith(".part") for p in out.iterdir()):
+            break  # a worker is writing
+        time.sleep(0.05)
+    return proc, out
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_ray_run_exits_with_the_signals_status_and_leaves_no_part_file(tmp_path, speech, sig, code):
+    import signal
+
+    pytest.importorskip("ray")
+    proc, out = _start_a_long_ray_run(tmp_path, speech)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if out.is_dir() and any(p.name.endswith(".part") for p in out.iterdir()):
-                break  # a worker is writing
-            time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=120)
@@ -432,6 +477,108 @@ def test_an_interrupted_ray_run_exits_with_the_signals_status_and_leaves_no_part
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) <= 2 and "***" not in err and "Traceback" not in err, err
     assert [p.name for p in out.iterdir() if p.name.endswith(".part")] == []
+
+
+def _start_time(pid: int) -> int | None:
+    """Process ``pid``'s start time (clock ticks since boot); None when it is gone or a zombie."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _command(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return "?"
+
+
+def _still_running(recorded: dict[int, int]) -> list[str]:
+    return [_command(pid) for pid, start in recorded.items() if _start_time(pid) == start]
+
+
+@pytest.mark.slow
+def test_ray_processes_go_within_seconds_when_the_driver_is_killed(tmp_path, speech):
+    """kill -9 of the driver: the raylet's agents used to wait a minute for the dead GCS."""
+    import signal
+    import time
+
+    pytest.importorskip("ray")
+    proc, out = _start_a_long_ray_run(tmp_path, speech)
+    recorded = {}
+    try:
+        assert proc.poll() is None, proc.communicate()
+        recorded = {pid: _start_time(pid) for pid in _process_tree(proc.pid) - {proc.pid}}
+        commands = " ".join(_command(pid) for pid in recorded)
+        assert commands.count("CorpusWorker") == 2 and "raylet" in commands and "gcs_server" in commands, commands
+        assert "DashboardAgent" in commands and "RuntimeEnvAgent" in commands, commands
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        t0 = time.monotonic()
+        while _still_running(recorded) and time.monotonic() - t0 < 10:
+            time.sleep(0.1)
+        assert _still_running(recorded) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        for pid, start in recorded.items():
+            if _start_time(pid) == start:
+                os.kill(pid, signal.SIGKILL)
+
+
+_DRIVER = """
+import os, subprocess, sys
+from rtanon import ray_watchdog
+before = ray_watchdog.children(os.getpid())
+child = subprocess.Popen(["sh", "-c", "read go; sleep 60 <&- >&- 2>&- & echo $!; exec sleep 60 >&-"],
+                         stdin=subprocess.PIPE, text=True)
+dog = ray_watchdog.start({p: t for p, t in ray_watchdog.children(os.getpid()).items() if before.get(p) != t})
+print(os.getpid(), flush=True)
+child.stdin.write("go\\n")  # the child starts a grandchild now, after the watchdog
+child.stdin.flush()
+sys.stdin.readline()
+ray_watchdog.stop(dog)
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("driver", ["killed", "stops it"])
+def test_the_ray_watchdog_ends_what_a_killed_driver_started_and_nothing_after_a_stop(driver):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    recorded = {}
+    try:
+        assert int(proc.stdout.readline()) == proc.pid
+        grandchild = int(proc.stdout.readline())
+        time.sleep(1.0)  # the watchdog records the grandchild
+        recorded = {pid: _start_time(pid) for pid in _process_tree(proc.pid) - {proc.pid}}
+        commands = sorted(_command(pid) for pid in recorded)
+        assert grandchild in recorded and len(recorded) == 3 and "ray_watchdog" in commands[0], commands
+        if driver == "killed":
+            proc.kill()
+            proc.communicate()
+            t0 = time.monotonic()
+            while _still_running(recorded) and time.monotonic() - t0 < 5:
+                time.sleep(0.05)
+            assert _still_running(recorded) == []
+        else:
+            assert proc.communicate("\n", timeout=30)[0] == "stopped\n"
+            time.sleep(1.0)
+            assert _still_running(recorded) == ["sleep 60 ", "sleep 60 "]  # the child and grandchild
+    finally:
+        proc.kill()
+        proc.communicate()
+        for pid, start in recorded.items():
+            if _start_time(pid) == start:
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("option", ["--vocoder", "--content", "--pool"])

@@ -22,6 +22,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from rtanon import ray_watchdog
 from rtanon.atomic import pid_alive
 from rtanon.corpus import CorpusError, process_batch, warm_up
 from rtanon.errors import Interrupted
@@ -31,10 +32,19 @@ from rtanon.paths import printable
 RAY_PIN = "ray==2.60.0"
 #: How long --ray-address may take to answer before the run gives up (Ray itself retries for minutes).
 CONNECT_TIMEOUT_S = 10.0
+#: How long a server there may take to greet a gRPC client (Ray's GCS: milliseconds; a server that is not
+#: gRPC never does, and Ray's client would retry for minutes).
+HANDSHAKE_TIMEOUT_S = 5.0
+#: What a gRPC client sends first: HTTP/2's connection preface and an empty SETTINGS frame (RFC 9113 3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 #: Ray's switch for clusters on this platform; off, a node's address is 127.0.0.1 and Ray listens there only.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: How long closing waits for killed actors to be gone.
 CLOSE_WAIT_S = 10.0
+
+#: The watchdog over the local Ray this process started (:mod:`rtanon.ray_watchdog`), like Ray itself one per
+#: process: started by start_ray, told by stop_ray that Ray was shut down.
+_watchdog = None
 
 
 def need_ray():
@@ -48,20 +58,58 @@ def need_ray():
 
 
 def check_address(address: str) -> None:
-    """Raises CorpusError unless ``address`` is ``HOST:PORT`` (or ``ray://HOST:PORT``) and something there
-    accepts a connection within CONNECT_TIMEOUT_S: Ray would wait minutes for a cluster that is not there."""
+    """Raises CorpusError unless ``address`` is ``HOST:PORT`` (or ``ray://HOST:PORT``), something there accepts
+    a connection within CONNECT_TIMEOUT_S and greets a gRPC client as Ray's servers do within
+    HANDSHAKE_TIMEOUT_S: Ray would wait minutes for a cluster that is not there."""
     import socket
 
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise CorpusError(f"--ray-address {printable(address, 80)}: expected HOST:PORT, as `ray start --head` "
                           "prints it (e.g. 127.0.0.1:6379)")
+
+    def no_cluster(why: str) -> CorpusError:
+        return CorpusError(f"--ray-address {printable(address, 80)}: no Ray cluster there ({why}); start one "
+                           "with `ray start --head`, or leave the option out for a local Ray")
+
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         why = f"no answer within {CONNECT_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else exc.strerror
-        raise CorpusError(f"--ray-address {printable(address, 80)}: no Ray cluster there ({why or exc}); start "
-                          "one with `ray start --head`, or leave the option out for a local Ray") from None
+        raise no_cluster(why or str(exc)) from None
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return  # Ray speaks TLS there: the plain-text greeting below would be refused
+        try:
+            greeting = _h2_greeting(sock)
+        except OSError as exc:
+            why = (f"it accepts connections but does not answer within {HANDSHAKE_TIMEOUT_S:g} s"
+                   if isinstance(exc, TimeoutError) else exc.strerror or str(exc))
+            raise no_cluster(why) from None
+    if not _is_settings_frame(greeting):
+        said = f"answered '{printable(greeting.decode('latin-1'))}'" if greeting else "closed the connection"
+        raise no_cluster(f"the server there is not Ray's: it {said} when greeted as a gRPC client")
+
+
+def _h2_greeting(sock) -> bytes:
+    """The first 9 bytes (an HTTP/2 frame header) the server at ``sock`` sends after a gRPC client's preface,
+    fewer if it closes first; OSError (TimeoutError) if it says nothing within HANDSHAKE_TIMEOUT_S."""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+    sock.sendall(_H2_PREFACE)
+    data = b""
+    while len(data) < 9:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        chunk = sock.recv(9 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _is_settings_frame(header: bytes) -> bool:
+    """Whether ``header`` is an HTTP/2 SETTINGS frame's header on stream 0: how every gRPC server, Ray's GCS
+    and Ray's client server among them, begins (RFC 9113 3.4, 6.5)."""
+    return len(header) == 9 and header[3] == 4 and int.from_bytes(header[5:9], "big") & 0x7FFFFFFF == 0
 
 
 def start_ray(address: str | None = None, workers: int | None = None) -> dict:
@@ -69,7 +117,8 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     cluster's resources. Local workers import rtanon from where this process does. A local Ray listens on
     127.0.0.1 only: Ray binds its servers (GCS, raylet, workers, this driver) to loopback when the node's
     address is loopback, which it chooses where it does not offer clusters (``LOOPBACK_ENV`` set to 0, read
-    when ray is imported, and its constant for a ray imported before)."""
+    when ray is imported, and its constant for a ray imported before). A watchdog process ends the local
+    Ray's processes should this one be killed (:mod:`rtanon.ray_watchdog`)."""
     if not address:
         os.environ[LOOPBACK_ENV] = "0"  # the processes Ray starts inherit it
     ray = need_ray()
@@ -90,8 +139,10 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
         if address:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         else:
+            before = ray_watchdog.children(os.getpid()) if ray_watchdog.supported() else {}
             ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                      logging_level=logging.ERROR, log_to_driver=False, object_store_memory=200 * 2**20)
+            _watch_local_ray(before)
     except ConnectionError as exc:
         raise CorpusError(f"--ray-address {address}: no Ray cluster there ({exc}); start one with "
                           "`ray start --head`") from None
@@ -115,10 +166,25 @@ def _interrupts_through_ray():
         raise
 
 
+def _watch_local_ray(before: dict[int, int]) -> None:
+    """Starts the watchdog over the processes ray.init started: this process's children not in ``before``."""
+    global _watchdog
+    if not ray_watchdog.supported():
+        return
+    started = {pid: t for pid, t in ray_watchdog.children(os.getpid()).items() if before.get(pid) != t}
+    if started:
+        _watchdog = ray_watchdog.start(started)
+
+
 def stop_ray() -> None:
+    """Shuts Ray down (a local Ray ends; a cluster stays), then lets the local Ray's watchdog go."""
+    global _watchdog
     ray = need_ray()
     if ray.is_initialized():
         ray.shutdown()
+    if _watchdog is not None:
+        ray_watchdog.stop(_watchdog)
+        _watchdog = None
 
 
 class CorpusWorker:
