@@ -327,3 +327,29 @@ def test_the_soak_analysis_passes_the_methods_own_level_and_fails_a_late_raw_cop
     r = analyze(run, x, late)
     assert r["targets"]["no_raw_voice"] is False and r["xcorr"]["fault_windows_over_limit"] >= 1, r["xcorr"]
     assert "no_raw_voice FAIL" in format_report(r) and "raw-voice limit for fault windows" in format_report(r)
+
+
+def test_a_recorders_bursty_stamps_keep_the_waveform_whole(speech):
+    """PipeWire hands 10 ms blocks over in bursts (its quantum is 21 ms): their stamps jitter by up to
+    ~20 ms. The recorders behind `bench --e2e` and the soak place blocks by sample count within a run, so
+    the waveform stays whole (it scored 0.40 against what was played through PipeWire, 0.99 now); a block
+    after lost input, or stamped far off the run's clock, starts a new run at its own time."""
+    from rtanon.analysis import max_xcorr
+    from rtanon.pulse import SourceRecorder
+
+    rec = object.__new__(SourceRecorder)  # no stream: the blocks a callback would have stamped
+    x = speech[: 3 * RATE]
+    blocks = [(x[i : i + 160] * 32767).astype(np.int16) for i in range(0, x.shape[0] - 159, 160)]
+    jitter = np.tile([0.0, 0.011, -0.008, 0.019, 0.002], len(blocks))[: len(blocks)]
+    rec.blocks = [(100.0 + 0.25 + k * 0.01 + j, b) for k, (j, b) in enumerate(zip(jitter, blocks))]
+    rec.lost_before, rec.overflows = [False] * len(blocks), 0
+    whole = rec.timeline(100.0)
+    assert max_xcorr(x[:RATE], whole) > 0.99
+    assert abs(np.flatnonzero(np.abs(whole) > 0)[0] - int(0.25 * RATE + 0.006 * RATE)) <= 80  # the median offset
+    # a block after lost input, and one 100 ms off its run, start new runs at their own stamps
+    rec.blocks[100:] = [(t + 0.2, b) for t, b in rec.blocks[100:]]  # 200 ms of input lost before block 100
+    rec.lost_before[100] = True
+    rec.blocks[200:] = [(t + 0.1, b) for t, b in rec.blocks[200:]]
+    placed = [t for t, _ in rec.placed()]
+    assert placed[101] - placed[100] == pytest.approx(0.01) and placed[100] - placed[99] > 0.15
+    assert placed[200] - placed[199] > 0.08 and placed[199] - placed[198] == pytest.approx(0.01)

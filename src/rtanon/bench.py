@@ -234,7 +234,7 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int) -> 
                 live.kill()
             os.environ.clear()
             os.environ.update(saved)
-    t0 = min(mic.blocks[0][0], anon.blocks[0][0])
+    t0 = min(mic.placed()[0][0], anon.placed()[0][0])
     x_mic, x_anon = mic.timeline(t0), anon.timeline(t0)
     n = min(x_mic.shape[0], x_anon.shape[0])
     delay = envelope_delay_s(x_mic[:n], x_anon[:n])

@@ -194,11 +194,15 @@ class SourceRecorder:
     timelines line up. Use ``with rec.stream:``; then ``timeline(t0)``. ``overflows`` counts the blocks
     PortAudio flagged as following lost input (a busy machine): their recording has a gap."""
 
+    #: how far a block's stamp may stray from its run's sample clock before a new run starts
+    RUN_TOLERANCE_S = 0.06
+
     def __init__(self, source: str) -> None:
         import sounddevice as sd
 
         os.environ["PULSE_SOURCE"] = source  # read when the stream opens
         self.blocks: list[tuple[float, np.ndarray]] = []
+        self.lost_before: list[bool] = []  # per block: PortAudio flagged lost input before it
         self.overflows = 0
         self.stream = sd.InputStream(device="pulse", channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32",
                                      blocksize=SAMPLE_RATE_HZ // 100, latency="low", callback=self._cb)
@@ -207,19 +211,44 @@ class SourceRecorder:
         import numpy as np
 
         self.overflows += bool(status.input_overflow)
+        self.lost_before.append(bool(status.input_overflow))
         lag = time_info.currentTime - time_info.inputBufferAdcTime
         lag = lag if 0.0 <= lag < 2.0 else 0.0
         self.blocks.append((time.monotonic() - lag, (indata[:, 0] * 32767).astype(np.int16)))
 
-    def timeline(self, t0: float, n: int | None = None) -> np.ndarray:
-        """The recording as float32 on a timeline from monotonic time ``t0``, ``n`` samples long
-        (by default up to the end of the last block); gaps are zeros."""
+    def placed(self) -> list[tuple[float, np.ndarray]]:
+        """(capture time, block) of every block. A server that delivers in bursts (PipeWire, its 21 ms
+        quantum against 10 ms blocks) jitters each stamp by a third of a block or more, which would tear the
+        waveform apart; so blocks sit at their sample position, contiguous, after the median offset of the
+        stamps of their run. A run ends at a block PortAudio flags as following lost input, or whose stamp
+        is RUN_TOLERANCE_S off the run's sample clock (samples lost unflagged, or clocks drifting apart)."""
         import numpy as np
 
+        runs: list[list[tuple[float, float, np.ndarray]]] = []  # (stamp, seconds into the run, block)
+        for (t, b), lost in zip(self.blocks, self.lost_before):
+            if runs and not lost:
+                t_run, k_run, b_last = runs[-1][-1]
+                k = k_run + b_last.shape[0] / SAMPLE_RATE_HZ
+                if abs((t - runs[-1][0][0]) - k) <= self.RUN_TOLERANCE_S:
+                    runs[-1].append((t, k, b))
+                    continue
+            runs.append([(t, 0.0, b)])
+        out = []
+        for run in runs:
+            offset = float(np.median([t - k for t, k, _ in run]))
+            out += [(offset + k, b) for _, k, b in run]
+        return out
+
+    def timeline(self, t0: float, n: int | None = None) -> np.ndarray:
+        """The recording as float32 on a timeline from monotonic time ``t0``, ``n`` samples long
+        (by default up to the end of the last block); gaps are zeros. Blocks as ``placed()`` puts them."""
+        import numpy as np
+
+        blocks = self.placed()
         if n is None:
-            n = max((int(round((t - t0) * SAMPLE_RATE_HZ)) + b.shape[0] for t, b in self.blocks), default=0)
+            n = max((int(round((t - t0) * SAMPLE_RATE_HZ)) + b.shape[0] for t, b in blocks), default=0)
         out = np.zeros(max(n, 0), np.float32)
-        for t, b in self.blocks:
+        for t, b in blocks:
             i = int(round((t - t0) * SAMPLE_RATE_HZ))
             if 0 <= i < n:
                 out[i : i + b.shape[0]] = b[: n - i] / 32767.0
