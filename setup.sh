@@ -25,6 +25,11 @@ if [ "$job" = test ]; then
   # The virtual-microphone tests start a private PulseAudio daemon. On a
   # PipeWire desktop we do not replace pipewire-pulse; those tests then skip.
   if ! command -v pulseaudio >/dev/null && ! dpkg -s pipewire-pulse >/dev/null 2>&1; then pkgs+=(pulseaudio); fi
+  # the same tests on a private PipeWire (with WirePlumber and pipewire-pulse, on a private D-Bus), unless
+  # this release's pipewire-pulse would replace PulseAudio
+  if ! apt-cache show pipewire-pulse 2>/dev/null | grep -qE '^(Conflicts|Breaks):.*\bpulseaudio\b'; then
+    pkgs+=(pipewire wireplumber pipewire-pulse dbus)
+  fi
   # the control page's browser tests drive headless chromium through its WebDriver
   pkgs+=(chromium chromium-driver)
 fi

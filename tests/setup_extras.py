@@ -52,10 +52,21 @@ def _dist(requirement: str) -> str:
     return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def setup_extras(job: str, tmp: Path, extra_env: dict | None = None) -> tuple[list[str], list[str]]:
-    """(extras that ``./setup.sh JOB`` installs into .venv, every command its .venv python was given), from a
-    run of setup.sh in a copy under ``tmp`` whose ``.venv/bin/python`` and ``rtanon`` only record their
-    arguments and whose ``dpkg`` says every system package is there."""
+def setup_packages(job: str, tmp: Path) -> list[str]:
+    """The Debian packages ``./setup.sh JOB`` installs on a machine that has none of them (its apt-get and
+    dpkg recorded, not run)."""
+    _, calls = setup_extras(job, tmp, dpkg_has_all=False)
+    installs = [c.split() for c in calls if c.startswith("apt-get ") and " install " in c]
+    assert len(installs) == 1, calls
+    return [w for w in installs[0][installs[0].index("install") + 1:] if not w.startswith("-")]
+
+
+def setup_extras(job: str, tmp: Path, extra_env: dict | None = None,
+                 dpkg_has_all: bool = True) -> tuple[list[str], list[str]]:
+    """(extras that ``./setup.sh JOB`` installs into .venv, every command its .venv python, apt-get and sudo
+    were given), from a run of setup.sh in a copy under ``tmp`` whose ``.venv/bin/python`` and ``rtanon`` only
+    record their arguments and whose ``dpkg`` says every system package is there (``dpkg_has_all``; otherwise
+    none is, and apt-get records what it is asked)."""
     root = tmp / f"setup-{job or 'plain'}"
     (root / ".venv" / "bin").mkdir(parents=True)
     (root / "bin").mkdir()
@@ -64,8 +75,11 @@ def setup_extras(job: str, tmp: Path, extra_env: dict | None = None) -> tuple[li
     for tool in (root / ".venv" / "bin" / "python", root / ".venv" / "bin" / "rtanon"):
         tool.write_text(f'#!/bin/sh\necho "$(basename "$0") $*" >> "{log}"\n')
         tool.chmod(0o755)
-    for tool, body in (("dpkg", "exit 0"), ("apt-get", "echo apt-get must not run >&2; exit 1"),
-                       ("sudo", "echo sudo must not run >&2; exit 1")):
+    record = f'echo "$(basename "$0") $*" >> "{log}"'
+    fakes = (("dpkg", "exit 0"), ("apt-get", "echo apt-get must not run >&2; exit 1"),
+             ("sudo", "echo sudo must not run >&2; exit 1")) if dpkg_has_all else \
+        (("dpkg", "exit 1"), ("apt-get", record), ("sudo", 'exec "$@"'))
+    for tool, body in fakes:
         (root / "bin" / tool).write_text(f"#!/bin/sh\n{body}\n")
         (root / "bin" / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{root / 'bin'}:{os.environ['PATH']}", "PYTHON": sys.executable,

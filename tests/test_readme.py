@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from setup_extras import REPO, env_without_extras, setup_extras
+from setup_extras import REPO, env_without_extras, setup_extras, setup_packages
 
 RATE = 16000
 
@@ -296,6 +296,16 @@ def test_setup_demo_installs_the_control_page_and_leaves_ray_to_the_corpus_extra
     assert setup_extras("", tmp_path / "corpus", {"RTANON_EXTRAS": "corpus"})[0] == ["ui", "corpus"]
     test = setup_extras("test", tmp_path / "test")[0]
     assert {"ui", "corpus", "test"} <= set(test)
+
+
+def test_setup_test_installs_what_the_pulseaudio_and_pipewire_tests_start(tmp_path):
+    packages = setup_packages("test", tmp_path)
+    assert {"pulseaudio-utils", "libasound2-plugins", "chromium", "chromium-driver"} <= set(packages), packages
+    show = subprocess.run(["apt-cache", "show", "pipewire-pulse"], capture_output=True, text=True).stdout \
+        if shutil.which("apt-cache") else ""
+    if not re.search(r"^(Conflicts|Breaks):.*\bpulseaudio\b", show, re.M):  # else setup.sh keeps PulseAudio
+        assert {"pipewire", "wireplumber", "pipewire-pulse", "dbus"} <= set(packages), packages
+    assert not {"pipewire", "wireplumber"} & set(setup_packages("demo", tmp_path / "demo"))
 
 
 def test_every_using_it_line_has_a_check():
