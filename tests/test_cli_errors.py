@@ -192,3 +192,15 @@ def test_live_with_a_device_that_does_not_exist(args, contains):
         proc = subprocess.run([sys.executable, "-m", "rtanon", "live", "--method", "mcadams", "--duration", "1",
                                *args], capture_output=True, text=True, env=pd.env, timeout=120)
     _one_line_error(proc, contains=contains)
+
+
+def test_a_missing_extra_is_named_by_the_extra_that_installs_it():
+    """A module only an extra brings (rtanon's metadata: pyproject.toml's extras) is a one-line usage error
+    naming that extra; a module of the base install or of rtanon itself stays an internal error (a bug)."""
+    from rtanon.cli import extra_providing
+
+    assert extra_providing("torch", "train") == "train" and extra_providing("torch", "eval") == "identity"
+    assert extra_providing("ray") == "corpus" and extra_providing("faster_whisper", "eval") == "eval"
+    assert extra_providing("pyworld") == "identity"  # from pyworld-prebuilt
+    assert extra_providing("numpy") is None and extra_providing("rtanon") is None
+    assert extra_providing("onnxruntime", "eval") is None  # a base dependency, whatever extras repeat it

@@ -117,7 +117,7 @@ def test_settings_are_saved_without_any_voice(tmp_path, monkeypatch):
     s = LiveSettings(input="pulse:mic", output="rtanon", monitor="headphones", method="mcadams", chunk_ms=40)
     save_settings(s)
     path = tmp_path / "rtanon" / "live-ui.json"
-    assert set(json.loads(path.read_text())) == {"input", "output", "monitor", "method", "chunk_ms"}
+    assert set(json.loads(path.read_text())) == {"input", "output", "monitor", "method", "privacy", "chunk_ms"}
     assert load_settings() == s
     path.write_text("{not json")
     assert load_settings() == LiveSettings()
@@ -157,3 +157,59 @@ def test_each_new_voice_keeps_clear_of_the_last(tmp_path):
         control.new_voice()
         alphas.append(control.session.stages[0].alpha)
     assert np.abs(np.diff(alphas)).min() >= NEW_VOICE_MIN_ALPHA_GAP * (mc.alpha_max - mc.alpha_min) - 1e-12
+
+
+def test_the_page_offers_the_command_lines_choices():
+    """The control page's pickers hold exactly the values `rtanon live` accepts (--method, --privacy,
+    --chunk-ms), and each has its action."""
+    import re
+    from importlib import resources
+
+    from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS
+    from rtanon.live_control import ACTIONS
+
+    page = resources.files("rtanon").joinpath("ui", "static", "index.html").read_text()
+    app = resources.files("rtanon").joinpath("ui", "static", "app.js").read_text()
+
+    def options(select_id):
+        block = re.search(rf'<select id="{select_id}">(.*?)</select>', page, re.S)
+        assert block, f"the page has no {select_id} picker"
+        return tuple(re.findall(r'<option value="([^"]*)"', block.group(1)))
+
+    assert options("method") == METHOD_NAMES
+    assert options("privacy") == PRIVACY_POINTS
+    assert options("chunk") == tuple(str(ms) for ms in ALLOWED_CHUNK_MS)
+    for action in ("method", "privacy", "chunk_ms"):
+        assert action in ACTIONS and f'action: "{action}"' in app, action
+
+
+def test_the_privacy_point_is_an_action_checked_like_the_others(tmp_path):
+    import pytest
+
+    from rtanon.config import ConfigError
+    from rtanon.live_control import LiveControl
+
+    path = tmp_path / "live-ui.json"
+    control = LiveControl(LiveSettings(method="mcadams"), settings_file=path)
+    control.act({"action": "new_voice"})
+    mcadams = control.session
+    control.act({"action": "privacy", "value": "strong"})  # kept for the neural method; McAdams plays on
+    assert control.session is mcadams and control.settings.privacy == "strong"
+    assert json.loads(path.read_text())["privacy"] == "strong"
+    control.act({"action": "method", "value": "neural"})
+    assert control.session.anonymizer.config.neural.privacy == "strong"
+    assert control.status()["privacy"] == "strong" and control.status()["settings"]["privacy"] == "strong"
+    control.act({"action": "privacy", "value": "balanced"})
+    assert control.session.anonymizer.config.neural.privacy == "balanced"
+    assert control.status()["privacy"] == "balanced"
+    before = control.session
+    for bad, message in (("loud", "unknown privacy point loud; choose one of balanced, strong"),
+                         (1, "action privacy: value must be a string, not 1"),
+                         (None, "action privacy: value must be a string, not None")):
+        with pytest.raises(ConfigError) as err:
+            control.act({"action": "privacy", "value": bad})
+        assert str(err.value) == message and "\n" not in str(err.value)
+        assert control.session is before and control.settings.privacy == "balanced"
+    with pytest.raises(ConfigError, match="action privacy takes value, not level"):
+        control.act({"action": "privacy", "level": "strong"})
+    assert json.loads(path.read_text())["privacy"] == "balanced"

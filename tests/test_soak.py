@@ -40,6 +40,7 @@ def test_a_short_soak_survives_every_fault_without_raw_voice(speech_paths, tmp_p
     assert not r["faults_unmeasured"] and r["recovery_max_s"] < TARGETS["recovery_s"], r["faults"]
     # no raw voice, during and after every fault: McAdams' own level is near 0.4 at most
     assert r["xcorr"]["windows"] >= 5 and r["xcorr"]["max"] < TARGETS["max_xcorr"]["mcadams"], r["xcorr"]
+    assert r["targets"]["no_raw_voice"] is True and r["xcorr"]["raw_windows"] == 0, r["xcorr"]
     assert r["rss_mb"]["growth"] < TARGETS["rss_growth_mb"], r["rss_mb"]
     assert 0 < r["delay_ms"]["median_all"] < 1000, r["delay_ms"]
     assert r["status_delay_measured"] is True  # PulseAudio reports its delay through PortAudio

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -355,6 +356,27 @@ def test_new_voice_changes_the_speaker_embedding(live):
     assert np.mean(other) < np.mean(same) - 0.05
 
 
+def test_the_privacy_point_is_picked_and_checked_like_the_method(live):
+    """The page's privacy picker (`--privacy balanced|strong`): refused values change nothing and answer one
+    line; a point picked under McAdams is kept and runs when the neural method is picked."""
+    assert live.state()["settings"]["privacy"] == "balanced"
+    for bad in ("loud", 2, None, "strong\nmore"):
+        status, reply = live.request("/api/action", {"action": "privacy", "value": bad})
+        assert status == 400 and "\n" not in reply["error"], reply
+        assert "choose one of balanced, strong" in reply["error"] or "must be a string" in reply["error"], reply
+    result = _ws_act(live, {"action": "privacy", "value": "loud"})
+    assert "choose one of balanced, strong" in result["error"], result
+    assert live.state()["settings"]["privacy"] == "balanced"
+    s = live.act(action="privacy", value="strong")
+    assert s["settings"]["privacy"] == "strong" and s["method"] == "mcadams"
+    if importlib.util.find_spec("onnxruntime") is not None:
+        live.act(action="method", value="neural")
+        live.wait_for(lambda: live.state().get("privacy") == "strong", what="the strong vocoder")
+        live.wait_speaking()
+        live.act(action="method", value="mcadams")
+    assert live.act(action="privacy", value="balanced")["settings"]["privacy"] == "balanced"
+
+
 def test_switching_method_voice_and_devices_never_lets_the_input_through(live):
     import importlib.util
 
@@ -413,7 +435,7 @@ def test_switching_method_voice_and_devices_never_lets_the_input_through(live):
         assert leak_score(utt, call) < 0.95  # not even 150 ms of raw input
     saved = json.loads((live.config_home / "rtanon" / "live-ui.json").read_text())
     assert saved == s["settings"] and saved["monitor"] == "pulse:headphones"
-    assert set(saved) == {"input", "output", "monitor", "method", "chunk_ms"}  # never a voice
+    assert set(saved) == {"input", "output", "monitor", "method", "privacy", "chunk_ms"}  # never a voice
 
 
 # -- a real browser ----------------------------------------------------------------------------------

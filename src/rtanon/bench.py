@@ -183,19 +183,21 @@ def bench_stage(name: str, config: AnonymizerConfig, signal: np.ndarray) -> dict
 MIN_REFERENCE_XCORR = 0.6
 
 
-def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0, attempts: int = 3) -> dict:
-    """Microphone-to-virtual-microphone latency through a private PulseAudio. The recording of the fake
+def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0, attempts: int = 3,
+                server: str = "pulseaudio") -> dict:
+    """Microphone-to-virtual-microphone latency through a private sound server (``server``: a name of
+    ``rtanon.pulse.DAEMONS``, PulseAudio or PipeWire with pipewire-pulse). The recording of the fake
     microphone is the reference: when it is not a faithful copy of what was played (a busy machine drops
     its samples), measure again, at most ``attempts`` times in all; ``attempts`` in the result says how
     many it took."""
     for attempt in range(1, attempts + 1):
-        result = _measure_e2e_once(method, chunk_ms, seconds, seed)
+        result = _measure_e2e_once(method, chunk_ms, seconds, seed, server)
         if result["xcorr_mic_vs_played"] > MIN_REFERENCE_XCORR:
             break
     return {**result, "attempts": attempt}
 
 
-def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int) -> dict:
+def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, server: str) -> dict:
     import os
 
     import soundfile as sf
@@ -206,7 +208,7 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int) -> 
     speech = speech_signal(seconds)
     gap = np.zeros(SAMPLE_RATE_HZ // 2, np.float32)
     played = np.concatenate((gap, speech, gap))
-    with tempfile.TemporaryDirectory(prefix="rtanon-e2e-") as tmp, pulse.PulseDaemon() as pd:
+    with tempfile.TemporaryDirectory(prefix="rtanon-e2e-") as tmp, pulse.DAEMONS[server]() as pd:
         wav = Path(tmp) / "mic.wav"
         sf.write(wav, played, SAMPLE_RATE_HZ)
         pd.load_null_sink("rtanon_fake_mic", SAMPLE_RATE_HZ)
@@ -234,11 +236,11 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int) -> 
                 live.kill()
             os.environ.clear()
             os.environ.update(saved)
-    t0 = min(mic.blocks[0][0], anon.blocks[0][0])
+    t0 = min(mic.placed()[0][0], anon.placed()[0][0])
     x_mic, x_anon = mic.timeline(t0), anon.timeline(t0)
     n = min(x_mic.shape[0], x_anon.shape[0])
     delay = envelope_delay_s(x_mic[:n], x_anon[:n])
-    return {"e2e_latency_ms": 1000.0 * delay, "method": method, "chunk_ms": chunk_ms,
+    return {"e2e_latency_ms": 1000.0 * delay, "server": server, "method": method, "chunk_ms": chunk_ms,
             "recorded_s": n / SAMPLE_RATE_HZ,
             "xcorr_mic_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_mic),
             "xcorr_anon_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_anon),

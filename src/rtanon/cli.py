@@ -43,6 +43,31 @@ EXIT_CODES = (
 )
 
 
+def extra_providing(module: str, command: str = "") -> str | None:
+    """The pip extra of rtanon that installs the (missing) top-level ``module``, from the installed rtanon's
+    metadata (the extras of pyproject.toml); ``command``'s own extra where several do; None when no extra
+    does (a base dependency, or rtanon's own code: a bug) or rtanon is not installed."""
+    import re
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires("rtanon") or []
+    except metadata.PackageNotFoundError:
+        return None
+    want = module.lower().replace("_", "-")
+    base, extras = set(), []
+    for req in requires:
+        m = re.match(r"([A-Za-z0-9._-]+).*?(?:;\s*extra\s*==\s*[\"']([^\"']+)[\"'])?$", req)
+        if not m:
+            continue
+        dist = m.group(1).lower().replace("_", "-").replace(".", "-")
+        if dist == want or dist.startswith(want + "-"):  # pyworld from pyworld-prebuilt
+            (extras.append(m.group(2)) if m.group(2) else base.add(dist))
+    if base or not extras:
+        return None
+    return command if command in extras else extras[0]
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (the usage is one `--help` away)."""
 
@@ -106,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
+        module = (exc.name or "").split(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
+        extra = extra_providing(module, args.command) if module else None
+        if extra:  # an optional extra this command needs: a usage error
+            print(f"{name}: error: {module} is not installed; it comes with the [{extra}] extra: "
+                  f"pip install 'rtanon[{extra}]' (or RTANON_EXTRAS={extra} ./setup.sh)", file=sys.stderr)
+            return 2
         text = printable(" ".join(str(exc).split()), 300)
         print(f"{name}: internal error: {type(exc).__name__}: {text} (run again with --debug for the "
               "traceback, and report it)", file=sys.stderr)

@@ -57,6 +57,15 @@ def need_ray():
     return ray
 
 
+def ray_installed() -> bool:
+    """Whether Ray can be imported (the [corpus] extra); without it ``anonymize-dir`` runs in this process."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def check_address(address: str) -> None:
     """Raises CorpusError unless ``address`` is ``HOST:PORT`` (or ``ray://HOST:PORT``), something there accepts
     a connection within CONNECT_TIMEOUT_S and greets a gRPC client as Ray's servers do within

@@ -2,18 +2,18 @@
 
 ``LiveControl`` owns the audio streams, the ``LiveCore`` between them and
 the session, and offers the page's actions as methods (``start``, ``stop``,
-``set_mute``, ``new_voice``, ``set_method``, ``set_chunk_ms``,
-``set_devices``, ``create_virtual_mic``) plus ``act(dict)``, the same actions
+``set_mute``, ``new_voice``, ``set_method``, ``set_privacy``,
+``set_chunk_ms``, ``set_devices``, ``create_virtual_mic``) plus ``act(dict)``, the same actions
 as JSON messages, and ``status()``, the figures the page shows.
 
 Fail closed through every switch: a new voice is a new ``Session`` swapped
 in by the worker at the next pause (its gate starts closed, so it plays
-comfort noise until it hears speech); a method or chunk change swaps a
-session of another ``Anonymizer`` at once; a device change closes the
+comfort noise until it hears speech); a method, privacy point or chunk
+change swaps a session of another ``Anonymizer`` at once; a device change closes the
 streams (nothing plays) and opens new ones around the same session. No path
 copies input to output.
 
-``LiveSettings`` (devices, monitor, method, chunk) are saved, through
+``LiveSettings`` (devices, monitor, method, privacy point, chunk) are saved, through
 ``rtanon.atomic``, to ``$XDG_CONFIG_HOME/rtanon/live-ui.json`` so that
 ``rtanon ui`` starts where the last session left off. The pseudo-voice (seed,
 identity) is not saved, and the user's own voice never is.
@@ -28,7 +28,8 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, SAMPLE_RATE_HZ, AnonymizerConfig, ConfigError, StreamConfig
+from rtanon.config import (ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, SAMPLE_RATE_HZ, AnonymizerConfig,
+                           ConfigError, NeuralConfig, StreamConfig)
 from rtanon.engine import Anonymizer, Session
 from rtanon.errors import UserError
 from rtanon.live import LiveConfig, LiveCore, pick_rate, resolve_device
@@ -44,12 +45,14 @@ DEVICE_CHARS = 256
 @dataclass
 class LiveSettings:
     """Devices as ``rtanon live`` takes them (None: the system default;
-    ``monitor`` None: no monitor), method and chunk size."""
+    ``monitor`` None: no monitor), method, the neural method's privacy point (``--privacy``) and chunk
+    size."""
 
     input: str | None = None
     output: str | None = None
     monitor: str | None = None
     method: str = AnonymizerConfig().method
+    privacy: str = NeuralConfig().privacy
     chunk_ms: int = StreamConfig().chunk_ms
 
     def validate(self) -> None:
@@ -62,6 +65,9 @@ class LiveSettings:
                                   f"{DEVICE_CHARS} printable characters) or null, not {printable(value, 40)}")
         if not isinstance(self.method, str) or self.method not in METHOD_NAMES:
             raise ConfigError(f"unknown method {printable(self.method, 40)}; choose one of {', '.join(METHOD_NAMES)}")
+        if not isinstance(self.privacy, str) or self.privacy not in PRIVACY_POINTS:
+            raise ConfigError(f"unknown privacy point {printable(self.privacy, 40)}; choose one of "
+                              f"{', '.join(PRIVACY_POINTS)}")
         if type(self.chunk_ms) is not int or self.chunk_ms not in ALLOWED_CHUNK_MS:
             raise ConfigError(f"chunk_ms={printable(self.chunk_ms, 40)}; use one of {ALLOWED_CHUNK_MS}")
 
@@ -123,7 +129,7 @@ class LiveControl:
         self._device_rate = device_rate_hz
         self._live_config = live_config or LiveConfig()
         self._settings_file = settings_file
-        self._anonymizers: dict[tuple[str, int], Anonymizer] = {}
+        self._anonymizers: dict[tuple[str, str, int], Anonymizer] = {}
         self._lock = threading.RLock()
         self._env0 = {v: os.environ.get(v) for v in ("PULSE_SOURCE", "PULSE_SINK")}
         self.session: Session | None = None
@@ -134,11 +140,14 @@ class LiveControl:
         self.last_error = ""
 
     # -- engine ------------------------------------------------------------------
-    def anonymizer(self, method: str, chunk_ms: int) -> Anonymizer:
-        """One Anonymizer per (method, chunk): models load once per process."""
-        key = (method, chunk_ms)
+    def anonymizer(self, method: str, chunk_ms: int, privacy: str | None = None) -> Anonymizer:
+        """One Anonymizer per (method, privacy point, chunk): models load once per process. ``privacy`` None:
+        the base configuration's (McAdams has none: every point shares one)."""
+        privacy = privacy or self._base.neural.privacy
+        key = (method, privacy if method == "neural" else "", chunk_ms)
         if key not in self._anonymizers:
-            cfg = replace(self._base, method=method, stream=StreamConfig(chunk_ms=chunk_ms))
+            cfg = replace(self._base, method=method, stream=StreamConfig(chunk_ms=chunk_ms),
+                          neural=replace(self._base.neural, privacy=privacy))
             self._anonymizers[key] = Anonymizer(cfg)
         return self._anonymizers[key]
 
@@ -149,7 +158,8 @@ class LiveControl:
         unlike = None
         if fresh:
             unlike = self.session if self.core is None else (self.core.next_session or self.core.session)
-        session = self.anonymizer(s.method, s.chunk_ms).open_session(seed=seed, identity=identity, unlike=unlike)
+        anonymizer = self.anonymizer(s.method, s.chunk_ms, s.privacy)
+        session = anonymizer.open_session(seed=seed, identity=identity, unlike=unlike)
         self._seed = None  # a seed pins the first voice only; an identity file pins every one
         return session
 
@@ -289,6 +299,20 @@ class LiveControl:
         if method != self.settings.method:
             self._switch_engine(method=method)
 
+    def set_privacy(self, privacy: str) -> None:
+        """The neural method's privacy point (its packaged vocoder). Under McAdams it is kept for the next
+        switch to the neural method; the voice playing stays."""
+        if privacy == self.settings.privacy:
+            return
+        if self.settings.method == "neural":
+            self._switch_engine(privacy=privacy)
+            return
+        with self._lock:
+            new = replace(self.settings, privacy=privacy)
+            new.validate()
+            self.settings = new
+            self._save()
+
     def set_chunk_ms(self, chunk_ms: int) -> None:
         if chunk_ms != self.settings.chunk_ms:
             self._switch_engine(chunk_ms=chunk_ms)
@@ -351,7 +375,10 @@ class LiveControl:
         if session is not None:
             c = session.counters
             algo = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
-            out.update(method=session.anonymizer.config.method, chunk_ms=session.anonymizer.config.stream.chunk_ms,
+            cfg = session.anonymizer.config
+            if cfg.method == "neural":
+                out["privacy"] = cfg.neural.privacy
+            out.update(method=cfg.method, chunk_ms=cfg.stream.chunk_ms,
                        voice=describe_voice(session.voice), algorithmic_ms=algo, missed=c.missed_deadlines,
                        xruns=c.input_overflows + c.output_underflows, errors=c.stage_errors,
                        last_error=c.last_error or self.last_error)
@@ -401,6 +428,7 @@ ACTIONS = {
     "mute": ({"value": bool}, lambda c, value=True: c.set_mute(value)),
     "new_voice": ({}, lambda c: c.new_voice()),
     "method": ({"value": str}, lambda c, value=None: c.set_method(value)),
+    "privacy": ({"value": str}, lambda c, value=None: c.set_privacy(value)),
     "chunk_ms": ({"value": int}, lambda c, value=None: c.set_chunk_ms(value)),
     "devices": ({"input": _DEVICE, "output": _DEVICE, "monitor": _DEVICE}, lambda c, **d: c.set_devices(**d)),
     "create_virtual_mic": ({}, lambda c: c.create_virtual_mic()),

@@ -8,7 +8,10 @@ The virtual microphone is two modules on the user's sound server:
 
 ``PulseDaemon`` starts a private, loopback-only PulseAudio daemon in a
 temporary runtime directory; the tests and ``rtanon bench --e2e`` use it so
-they never touch the user's own sound server.
+they never touch the user's own sound server. ``PipeWireDaemon`` does the same
+with PipeWire as most desktops run it: ``pipewire``, ``wireplumber`` (the
+session manager, which links streams to devices) and ``pipewire-pulse`` (the
+PulseAudio protocol), on a private D-Bus session bus.
 
 PortAudio sees PulseAudio through the ALSA ``pulse`` device; which PulseAudio
 sink or source it opens is chosen with the ``PULSE_SINK`` / ``PULSE_SOURCE``
@@ -188,17 +191,115 @@ class PulseDaemon:
         self.pactl("load-module", "module-null-sink", f"sink_name={name}", f"rate={rate_hz}", "channels=1")
 
 
+class PipeWireDaemon(PulseDaemon):
+    """A private PipeWire (``pipewire``, ``wireplumber``, ``pipewire-pulse``, and the D-Bus session bus
+    WirePlumber needs) in a temporary runtime directory, reached like ``PulseDaemon`` through ``env``
+    (its PulseAudio socket); PulseError, saying why, where a part is missing or does not start."""
+
+    TOOLS = {"pipewire": "pipewire", "wireplumber": "wireplumber", "pipewire-pulse": "pipewire-pulse",
+             "dbus-daemon": "dbus", "pactl": "pulseaudio-utils"}
+
+    def __init__(self, startup_timeout_s: float = 15.0) -> None:
+        missing = [tool for tool in self.TOOLS if shutil.which(tool) is None]
+        if missing:
+            packages = " ".join(dict.fromkeys(self.TOOLS[t] for t in missing))
+            raise PulseError(f"{', '.join(missing)} not found: `sudo apt-get install {packages}` (needed only "
+                             "for the PipeWire tests)")
+        self._timeout = startup_timeout_s
+        self._dir: tempfile.TemporaryDirectory | None = None
+        self._procs: list[subprocess.Popen] = []
+        self._dbus_pid: int | None = None
+        self.env: dict[str, str] = {}
+
+    def __enter__(self) -> "PipeWireDaemon":
+        self._dir = tempfile.TemporaryDirectory(prefix="rtanon-pipewire-")
+        root = Path(self._dir.name)
+        runtime = root / "runtime"
+        runtime.mkdir(mode=0o700)
+        for sub in ("home", "config", "state"):
+            (root / sub).mkdir()
+        self.env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "HOME": str(root / "home"),
+                    "XDG_CONFIG_HOME": str(root / "config"), "XDG_STATE_HOME": str(root / "state"),
+                    "PIPEWIRE_RUNTIME_DIR": str(runtime), "PULSE_RUNTIME_PATH": str(runtime / "pulse")}
+        for var in ("PULSE_SERVER", "PULSE_SINK", "PULSE_SOURCE", "DBUS_SESSION_BUS_ADDRESS", "PIPEWIRE_REMOTE",
+                    "DISPLAY", "WAYLAND_DISPLAY"):
+            self.env.pop(var, None)
+        self.log_path = root / "pipewire.log"
+        log = open(self.log_path, "w")
+        try:
+            bus = subprocess.run(["dbus-daemon", "--session", "--fork", "--nopidfile", "--print-address=1",
+                                  "--print-pid=1", f"--address=unix:path={runtime / 'bus'}"], env=self.env,
+                                 capture_output=True, text=True, timeout=self._timeout)
+            if bus.returncode != 0:
+                raise PulseError(f"dbus-daemon did not start: {bus.stderr.strip()[-300:]}")
+            address, pid = bus.stdout.split()[:2]
+            self._dbus_pid = int(pid)
+            self.env["DBUS_SESSION_BUS_ADDRESS"] = address
+            for tool in ("pipewire", "wireplumber", "pipewire-pulse"):
+                self._procs.append(subprocess.Popen([tool], env=self.env, stdout=subprocess.DEVNULL, stderr=log))
+                if tool == "pipewire":
+                    self._wait(lambda: (runtime / "pipewire-0").exists(), "pipewire")
+            self._wait(lambda: subprocess.run(["pactl", "info"], env=self.env,
+                                              capture_output=True).returncode == 0, "pipewire-pulse")
+            # WirePlumber's null output is the default sink once it runs: then streams get linked
+            self._wait(lambda: bool(_names("sinks", self.env)), "wireplumber")
+        except BaseException:
+            log.close()
+            self.__exit__(None, None, None)
+            raise
+        log.close()
+        return self
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + self._timeout
+        while not ready():
+            dead = [p for p in self._procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                tail = self.log_path.read_text()[-1500:] if self.log_path.exists() else ""
+                why = f"{dead[0].args[0]} exited" if dead else f"{what} did not answer within {self._timeout:.0f} s"
+                raise PulseError(f"PipeWire did not start ({why}); log: {' | '.join(tail.splitlines()[-5:])}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        for proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self._procs = []
+        if self._dbus_pid is not None:
+            try:
+                os.kill(self._dbus_pid, 15)
+            except ProcessLookupError:
+                pass
+            self._dbus_pid = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+#: The private sound servers, by the name ``rtanon bench --e2e --server`` takes.
+DAEMONS = {"pulseaudio": PulseDaemon, "pipewire": PipeWireDaemon}
+
+
 class SourceRecorder:
     """Records one PulseAudio source through PortAudio (16-bit, 10 ms blocks); each block is stamped
     with the monotonic time it was captured (PortAudio's input latency subtracted), so two recorders'
     timelines line up. Use ``with rec.stream:``; then ``timeline(t0)``. ``overflows`` counts the blocks
     PortAudio flagged as following lost input (a busy machine): their recording has a gap."""
 
+    #: how far a block's stamp may stray from its run's sample clock before a new run starts
+    RUN_TOLERANCE_S = 0.06
+
     def __init__(self, source: str) -> None:
         import sounddevice as sd
 
         os.environ["PULSE_SOURCE"] = source  # read when the stream opens
         self.blocks: list[tuple[float, np.ndarray]] = []
+        self.lost_before: list[bool] = []  # per block: PortAudio flagged lost input before it
         self.overflows = 0
         self.stream = sd.InputStream(device="pulse", channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32",
                                      blocksize=SAMPLE_RATE_HZ // 100, latency="low", callback=self._cb)
@@ -207,19 +308,44 @@ class SourceRecorder:
         import numpy as np
 
         self.overflows += bool(status.input_overflow)
+        self.lost_before.append(bool(status.input_overflow))
         lag = time_info.currentTime - time_info.inputBufferAdcTime
         lag = lag if 0.0 <= lag < 2.0 else 0.0
         self.blocks.append((time.monotonic() - lag, (indata[:, 0] * 32767).astype(np.int16)))
 
-    def timeline(self, t0: float, n: int | None = None) -> np.ndarray:
-        """The recording as float32 on a timeline from monotonic time ``t0``, ``n`` samples long
-        (by default up to the end of the last block); gaps are zeros."""
+    def placed(self) -> list[tuple[float, np.ndarray]]:
+        """(capture time, block) of every block. A server that delivers in bursts (PipeWire, its 21 ms
+        quantum against 10 ms blocks) jitters each stamp by a third of a block or more, which would tear the
+        waveform apart; so blocks sit at their sample position, contiguous, after the median offset of the
+        stamps of their run. A run ends at a block PortAudio flags as following lost input, or whose stamp
+        is RUN_TOLERANCE_S off the run's sample clock (samples lost unflagged, or clocks drifting apart)."""
         import numpy as np
 
+        runs: list[list[tuple[float, float, np.ndarray]]] = []  # (stamp, seconds into the run, block)
+        for (t, b), lost in zip(self.blocks, self.lost_before):
+            if runs and not lost:
+                t_run, k_run, b_last = runs[-1][-1]
+                k = k_run + b_last.shape[0] / SAMPLE_RATE_HZ
+                if abs((t - runs[-1][0][0]) - k) <= self.RUN_TOLERANCE_S:
+                    runs[-1].append((t, k, b))
+                    continue
+            runs.append([(t, 0.0, b)])
+        out = []
+        for run in runs:
+            offset = float(np.median([t - k for t, k, _ in run]))
+            out += [(offset + k, b) for _, k, b in run]
+        return out
+
+    def timeline(self, t0: float, n: int | None = None) -> np.ndarray:
+        """The recording as float32 on a timeline from monotonic time ``t0``, ``n`` samples long
+        (by default up to the end of the last block); gaps are zeros. Blocks as ``placed()`` puts them."""
+        import numpy as np
+
+        blocks = self.placed()
         if n is None:
-            n = max((int(round((t - t0) * SAMPLE_RATE_HZ)) + b.shape[0] for t, b in self.blocks), default=0)
+            n = max((int(round((t - t0) * SAMPLE_RATE_HZ)) + b.shape[0] for t, b in blocks), default=0)
         out = np.zeros(max(n, 0), np.float32)
-        for t, b in self.blocks:
+        for t, b in blocks:
             i = int(round((t - t0) * SAMPLE_RATE_HZ))
             if 0 <= i < n:
                 out[i : i + b.shape[0]] = b[: n - i] / 32767.0

@@ -1,4 +1,4 @@
-"""``rtanon anonymize-dir``: anonymize a Kaldi-style corpus directory for release, on Ray."""
+"""``rtanon anonymize-dir``: anonymize a Kaldi-style corpus directory for release, on Ray or in this process."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ Runs on Ray: by default a local Ray started in this process with one worker per 
 existing cluster with --ray-address (inputs and outputs must then be on a path every node sees). Each
 worker loads the models once and anonymizes batches of utterances; with the neural method on
 --accelerator cuda|auto and GPUs in the cluster, each worker takes a GPU share for the vocoder.
---workers 0 runs everything in this process without Ray: the fallback when Ray is not installed.
+Without Ray installed (it is the [corpus] extra: pip install 'rtanon[corpus]'), the run goes on in this
+process and says so in one line; --workers 0 runs in this process on purpose.
 
 Resumable: every output is written atomically and recorded in OUT/manifest.json (utterance id, input
 sha256, output and its sha256, pseudo-speaker id, method, model hashes). Run the same command again after
@@ -47,7 +48,7 @@ examples:
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "anonymize-dir", help="anonymize a Kaldi-style directory (wav.scp, utt2spk, spk2gender) on Ray",
+        "anonymize-dir", help="anonymize a Kaldi-style directory (wav.scp, utt2spk, spk2gender), on Ray if installed",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, metavar="KALDI_DIR", help="input directory")
     p.add_argument("--out", metavar="DIR", help="output directory (created; required unless --bench)")
@@ -55,7 +56,7 @@ def register(sub) -> None:
                    help="one pseudo-voice per original speaker (default) or per utterance")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Ray workers (default: one per core here, or every CPU of the --ray-address cluster); "
-                        "0: no Ray, everything in this process (the fallback when Ray is not installed)")
+                        "0: no Ray, everything in this process (what happens anyway when Ray is not installed)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="use a running Ray cluster (HOST:PORT of `ray start --head`) instead of a local one")
     p.add_argument("--batch", type=int, default=4, metavar="N",
@@ -105,11 +106,18 @@ def anonymize(data, out, config, identity, args) -> int:
     from pathlib import Path
 
     from rtanon.corpus import CorpusPlan, InProcessExecutor, run_corpus
+    from rtanon.corpus_ray import RAY_PIN, ray_installed
     from rtanon.paths import printable
 
     plan = CorpusPlan(data, Path(out), config, assignment=args.assignment, seed=args.seed, identity=identity,
                       batch=args.batch, progress=args.progress)
-    if args.workers == 0:
+    in_process = args.workers == 0
+    if not in_process and not args.ray_address and not ray_installed():  # a cluster needs Ray: that errs below
+        asked = f"--workers {args.workers}" if args.workers else "one worker per core"
+        print(f"rtanon anonymize-dir: Ray is not installed, so this runs in this process ({asked} needs "
+              f"pip install 'rtanon[corpus]', {RAY_PIN})", file=sys.stderr)
+        in_process = True
+    if in_process:
         result = run_corpus(plan, lambda: InProcessExecutor(config, identity))
         where = "in this process"
     else:

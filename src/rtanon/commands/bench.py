@@ -12,7 +12,8 @@ def register(sub) -> None:
                     "stage and in total: latency, compute per chunk (p50, p99) and real-time factor "
                     "(compute time / audio time; < 1 is faster than real time). --stage times one stage "
                     "alone; --e2e measures microphone-to-virtual-microphone latency through a private "
-                    "PulseAudio daemon. With --json the last line is one JSON object.")
+                    "PulseAudio daemon (or PipeWire: --server pipewire). With --json the last line is one JSON "
+                    "object.")
     add_engine_args(p)
     from rtanon.bench import BENCH_STAGES
 
@@ -21,6 +22,9 @@ def register(sub) -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="audio to process (default: 30)")
     p.add_argument("--input", default=None, metavar="WAV", help="speech to use instead of the embedded sample")
     p.add_argument("--e2e", action="store_true", help="also measure end-to-end latency through PulseAudio")
+    p.add_argument("--server", choices=("pulseaudio", "pipewire"), default="pulseaudio",
+                   help="--e2e: the private sound server to measure through (pipewire: pipewire, wireplumber "
+                        "and pipewire-pulse; default: pulseaudio)")
     p.add_argument("--streams", type=int, default=0, metavar="N",
                    help="neural method: also time the vocoder on batches of 1, 2, 4, ... up to N concurrent "
                         "sessions, bisect between the last real-time doubling and the first that is not, and "
@@ -134,7 +138,7 @@ def run(args) -> int:
         if args.stage is not None:
             raise CliError("--e2e measures a whole method; drop --stage")
         try:
-            result.update(bench.measure_e2e(args.method, args.chunk_ms))
+            result.update(bench.measure_e2e(args.method, args.chunk_ms, server=args.server))
         except Exception as exc:
             from rtanon.pulse import PulseError
 
@@ -175,7 +179,8 @@ def run(args) -> int:
                   f"{r['per_stream_p50_ms']:>15.3f}  {'yes' if r['realtime'] else 'no'}")
         print(f"largest real-time batch: {st['max_realtime_streams']} sessions")
     if args.e2e:
-        print(f"end-to-end (fake mic -> rtanon live -> virtual mic): {result['e2e_latency_ms']:.0f} ms; "
+        print(f"end-to-end (fake mic -> rtanon live -> virtual mic, {result['server']}): "
+              f"{result['e2e_latency_ms']:.0f} ms; "
               f"waveform similarity to the input: mic {result['xcorr_mic_vs_played']:.2f}, "
               f"rtanon {result['xcorr_anon_vs_played']:.2f}")
         if result["recorder_overflows"] or result["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:

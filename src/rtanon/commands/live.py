@@ -14,10 +14,12 @@ def register(sub) -> None:
                     "line shows input level, latency, missed deadlines and device xruns; Ctrl-C stops. "
                     "Non-speech, warm-up, a late worker or an error play comfort noise, never your voice. "
                     "With --ui a local page (127.0.0.1, a random port and token) shows meters, latency and "
-                    "the voice, and offers device pickers, mute, new voice, method, chunk size and a monitor.",
+                    "the voice, and offers device pickers, mute, new voice, method, privacy point, chunk size "
+                    "and a monitor.",
         epilog="Devices: an index or name substring from `rtanon devices`, `pulse:NAME` for a "
                "PulseAudio/PipeWire source or sink, `rtanon` for the virtual microphone's sink. "
-               "`rtanon ui` starts the page again with the last-used devices, method and chunk.")
+               "`rtanon ui` starts the page again with the last-used devices, method, privacy point and "
+               "chunk.")
     add_device_args(p)
     add_engine_args(p)
     add_seed_arg(p)
@@ -62,7 +64,7 @@ def run(args) -> int:
         from rtanon.live_control import LiveSettings
 
         settings = LiveSettings(input=args.input, output=args.output, monitor=args.monitor, method=args.method,
-                                chunk_ms=args.chunk_ms)
+                                privacy=args.privacy, chunk_ms=args.chunk_ms)
         return run_ui(args, settings)
     if args.monitor is not None or args.no_browser:
         raise CliError("--monitor and --no-browser go with --ui")

@@ -7,11 +7,13 @@ from rtanon.commands.live import add_ui_args
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "ui", help="open the live control page with the last-used devices, method and chunk size",
+        "ui", help="open the live control page with the last-used devices, method, privacy point and chunk "
+                   "size",
         description="Starts `rtanon live --ui` with the settings the page last used (devices, monitor, method, "
-                    "chunk size; kept in ~/.config/rtanon/live-ui.json, or $XDG_CONFIG_HOME). The pseudo-voice "
-                    "is fresh every time; your own voice is never stored. The page listens on 127.0.0.1 behind "
-                    "a random token printed here; closing it keeps the audio running, Ctrl-C stops.")
+                    "privacy point, chunk size; kept in ~/.config/rtanon/live-ui.json, or $XDG_CONFIG_HOME). The "
+                    "pseudo-voice is fresh every time; your own voice is never stored. The page listens on "
+                    "127.0.0.1 behind a random token printed here; closing it keeps the audio running, Ctrl-C "
+                    "stops.")
     add_ui_args(p)
     p.add_argument("--device-rate", type=int, default=None, metavar="HZ",
                    help="open the devices at this rate (default: 16000 if accepted, else the device's own)")
@@ -29,5 +31,5 @@ def run(args) -> int:
     settings = load_settings()
     if args.monitor is not None:
         settings = replace(settings, monitor=args.monitor)
-    args.method, args.chunk_ms = settings.method, settings.chunk_ms
+    args.method, args.privacy, args.chunk_ms = settings.method, settings.privacy, settings.chunk_ms
     return run_ui(args, settings)

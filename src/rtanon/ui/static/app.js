@@ -46,6 +46,8 @@ function render(s) {
   $("voice").textContent = s.voice || "\u2013";
   $("voice-pending").hidden = !s.voice_pending;
   if (document.activeElement !== $("method")) $("method").value = s.settings.method;
+  if (document.activeElement !== $("privacy")) $("privacy").value = s.settings.privacy;
+  $("privacy").disabled = s.settings.method !== "neural";  // McAdams has no privacy point; kept for neural
   if (document.activeElement !== $("chunk")) $("chunk").value = String(s.settings.chunk_ms);
   setText("algo", s.algorithmic_ms !== undefined ? s.algorithmic_ms.toFixed(0) + " ms" : "\u2013");
   setText("e2e", s.e2e_ms !== undefined ? "~" + s.e2e_ms.toFixed(0) + " ms" : "\u2013");
@@ -96,6 +98,9 @@ $("mute").onclick = () => act({ action: "mute", value: !(window.rtanon.last && w
 $("new-voice").onclick = () => act({ action: "new_voice" });
 $("startstop").onclick = () => act({ action: window.rtanon.last && window.rtanon.last.running ? "stop" : "start" });
 $("method").onchange = (e) => { showError("loading the method\u2026"); act({ action: "method", value: e.target.value }); };
+$("privacy").onchange = (e) => {
+  showError("loading the vocoder\u2026"); act({ action: "privacy", value: e.target.value });
+};
 $("chunk").onchange = (e) => act({ action: "chunk_ms", value: Number(e.target.value) });
 for (const id of ["input", "output", "monitor"]) {
   $(id).onchange = (e) => act({ action: "devices", [id]: e.target.value });
