@@ -101,8 +101,8 @@ class NeuralConfig:
     """The ``neural`` method: content encoder + F0 tracker + pitch mapping + causal HiFi-GAN vocoder.
 
     ``backend`` runs the vocoder (``onnxruntime``: CPU default; ``torch``: CPU or CUDA; ``tensorrt``:
-    NVIDIA GPUs with TensorRT installed); ``device`` "cpu", "cuda" or "auto"; ``threads`` for ONNX
-    Runtime. A session without a pinned identity draws a fresh pseudo-speaker with ``strategy``
+    NVIDIA GPUs with TensorRT installed); ``device`` "cpu", "cuda" or "auto"; ``threads``: ONNX
+    Runtime's threads per call of the content encoder and the vocoder (1 live; a server's batched calls use more). A session without a pinned identity draws a fresh pseudo-speaker with ``strategy``
     ("gmm", paper 003, or a paper 000 proximity: random/dense/sparse) and ``gender`` (random/f/m).
     ``pitch_method``: percentile (default), log_gaussian or minmax (paper 000 Eq. 4-7).
     ``privacy`` picks the shipped vocoder: ``balanced`` (it also reads the input's spectral shape: easier to

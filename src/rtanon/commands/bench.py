@@ -43,6 +43,8 @@ def register(sub) -> None:
     p.add_argument("--ramp", action="store_true",
                    help="with --serve: find the largest N held with no missed deadline (doubling from 1, then "
                         "bisecting; each trial --serve-seconds long)")
+    p.add_argument("--serve-threads", type=int, default=None, metavar="N",
+                   help="with --serve: the server's --threads (default: its own, the machine's cores)")
     p.add_argument("--serve-seconds", type=float, default=60.0, metavar="S",
                    help="with --serve: length of each trial (default: 60)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")

@@ -93,10 +93,9 @@ def run(config, token: str, base, *, address: str, host: str, port: int, replica
     import ray
     from ray import serve
 
-    if address == "local":
-        ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    else:
-        ray.init(address=address, log_to_driver=False)
+    from rtanon.corpus_ray import start_ray, stop_ray
+
+    start_ray(None if address == "local" else address)  # a local Ray on loopback, with its watchdog
     try:
         http = {"host": host, "port": port}
         if certfile:
@@ -114,4 +113,4 @@ def run(config, token: str, base, *, address: str, host: str, port: int, replica
         try:
             serve.shutdown()
         finally:
-            ray.shutdown()
+            stop_ray()

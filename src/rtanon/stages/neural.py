@@ -107,7 +107,7 @@ class NeuralVoiceModel:
     """Shared, read-only models of the neural method (thread-safe to share between sessions)."""
 
     def __init__(self, config: NeuralConfig | None = None) -> None:
-        from rtanon.content.stream import ContentEncoderModel, packaged_model_path
+        from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig, packaged_model_path
         from rtanon.identity.speaker import IdentityModel
         from rtanon.neural.backends import file_sha256, make_backend
 
@@ -141,7 +141,7 @@ class NeuralVoiceModel:
             check_regular(cfg.content_onnx, "content encoder graph (.onnx)")
         if cfg.content_onnx and not Path(cfg.content_onnx).exists():
             raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
-        self.content = ContentEncoderModel(cfg.content_onnx)
+        self.content = ContentEncoderModel(cfg.content_onnx, ContentStreamConfig(threads=cfg.threads))
         trained_on = self.vocoder_config.content_sha256
         if not trained_on and cfg.content_onnx:
             # vocoders from before the record (the shipped one among them) were trained on the packaged encoder
