@@ -19,7 +19,7 @@ pytest.importorskip("aiohttp")
 
 import aiohttp  # noqa: E402
 
-from rtanon.analysis import max_xcorr  # noqa: E402
+from rtanon.analysis import windowed_max_xcorr  # noqa: E402
 from rtanon.audio_io import read_audio  # noqa: E402
 from rtanon.config import AnonymizerConfig  # noqa: E402
 from rtanon.serve import host as server_module  # noqa: E402
@@ -107,23 +107,13 @@ async def stream(client: ServeClient, frames: np.ndarray, paced: bool = True) ->
     return got
 
 
-def raw_voice_score(x: np.ndarray, y: np.ndarray, window_s: float = 0.5, max_lag_s: float = 0.2) -> float:
-    """The soak's raw-voice check: the largest normalised cross-correlation of any audible half-second of
-    ``y`` with the input around it (a raw copy scores 1 however it is delayed or scaled)."""
-    w, lag, scores = int(window_s * 16000), int(max_lag_s * 16000), [0.0]
-    for i in range(lag, len(y) - w, w):
-        if np.sqrt(np.mean(y[i:i + w] ** 2)) > 0.01:
-            scores.append(max_xcorr(y[i:i + w], x[i - lag:i + w]))
-    return max(scores)
-
-
 def check_anonymized(x: np.ndarray, y: np.ndarray, below: float = 0.8) -> None:
     """Speech came back (not comfort noise) and it is not the input: a copy scores 1; McAdams keeps the
     input's excitation and scores up to about 0.55 on a half-second, and so does the balanced neural voice
     on some utterances (0.575 on so007650061 in a session alone, not only through the server)."""
     assert np.sqrt(np.mean(y**2)) > 0.01
-    assert raw_voice_score(x, y) < below
-    assert raw_voice_score(x, np.concatenate([np.zeros(640, np.float32), x])[: len(y)]) > 0.95  # the check works
+    assert windowed_max_xcorr(x, y) < below
+    assert windowed_max_xcorr(x, np.concatenate([np.zeros(640, np.float32), x])[: len(y)]) > 0.95  # the check works
 
 
 def test_two_sessions_get_their_own_voices_back_in_order(mcadams_server, speech_paths):
@@ -412,3 +402,33 @@ def test_frame_wire_format_round_trips():
     np.testing.assert_allclose(y, x, atol=1 / 16000)
     with pytest.raises(ProtocolError):
         unpack_frame(b"\0" * 10)
+
+
+def test_churn_scores_find_one_sessions_input_in_anothers_output(speech_paths):
+    from rtanon.serve.client import ChurnRecord, churn_scores
+
+    pcm = lambda a: (a * 32767).astype(np.int16)  # noqa: E731
+    x, other = read_audio(speech_paths[0])[:16000 * 3], read_audio(speech_paths[1])[:16000 * 3]
+    clean = ChurnRecord(sent=pcm(x), got=pcm(0.5 * other[::-1]), beside=2)
+    leak = ChurnRecord(sent=pcm(x), got=pcm(np.concatenate([np.zeros(8000), other[:-8000]])), beside=2)
+    source = ChurnRecord(sent=pcm(other), got=None)
+    (own0, cross0), (own1, cross1), _ = churn_scores([clean, leak, source])
+    assert cross1 > 0.95 and cross0 < 0.6  # the other session's voice, half a second late, is found
+
+
+@pytest.mark.slow
+def test_bench_serve_prints_a_trial_and_a_churn_run(tmp_path):
+    r = rtanon("bench", "--serve", "--method", "mcadams", "--sessions", "3", "--serve-seconds", "4", "--json",
+               timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    trial = result["trials"][0]
+    assert trial["sessions"] == 3 and trial["frames_lost"] == 0 and trial["tick_compute_p50_ms"] > 0
+    assert result["alone"]["sessions"] == 1 and "cost_ratio" in result
+    assert "tick p50 ms" in r.stdout
+    r = rtanon("bench", "--serve", "--churn", "--method", "mcadams", "--sessions", "3", "--serve-seconds", "15",
+               "--json", timeout=240)
+    churn = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == (0 if churn["held"] else 1)
+    assert churn["sessions"] >= 3 and churn["fds_end"] <= churn["fds_start"] and churn["server_tracebacks"] == 0
+    assert churn["max_cross_xcorr"] < 0.95 and churn["max_own_xcorr"] < 0.95

@@ -2,6 +2,8 @@
 
 - ``max_xcorr(a, b)``: peak normalized cross-correlation of two waveforms
   over all lags (1.0: ``b`` contains ``a``; near 0: unrelated).
+- ``windowed_max_xcorr(x, y)``: the largest ``max_xcorr`` of any audible half-second of ``y`` with ``x``
+  around it (the soak's and the server's raw-voice yardstick).
 - ``envelope(x)``: log-energy envelope at 1 kHz.
 - ``envelope_delay_s(ref, rec)``: delay of ``rec`` behind ``ref`` from their
   envelopes, which survives anonymization (the voice changes, the timing
@@ -39,6 +41,19 @@ def max_xcorr(a: np.ndarray, b: np.ndarray) -> float:
     if not audible.any():
         return 0.0
     return float(np.max(np.abs(num[audible]) / (na * np.sqrt(local_energy[audible]))))
+
+
+def windowed_max_xcorr(x: np.ndarray, y: np.ndarray, window_s: float = 0.5, max_lag_s: float = 0.2,
+                       min_rms: float = 0.01) -> float:
+    """max over the half-second windows of ``y`` louder than ``min_rms`` of :func:`max_xcorr` with ``x`` from
+    ``max_lag_s`` before the window to its end (16 kHz): how much ``y`` repeats ``x`` delayed by up to
+    ``max_lag_s`` (a copy scores 1, however scaled); 0 when ``y`` has no audible window."""
+    w, lag, best = int(window_s * SAMPLE_RATE_HZ), int(max_lag_s * SAMPLE_RATE_HZ), 0.0
+    for i in range(0, len(y) - w + 1, w):
+        seg = y[i:i + w]
+        if np.sqrt(np.mean(np.square(seg, dtype=np.float64))) > min_rms and np.any(x[max(0, i - lag):i + w]):
+            best = max(best, max_xcorr(seg, x[max(0, i - lag):i + w]))
+    return best
 
 
 def envelope(x: np.ndarray, sample_rate_hz: int = SAMPLE_RATE_HZ, frame_ms: float = 1.0,

@@ -43,8 +43,13 @@ def register(sub) -> None:
     p.add_argument("--ramp", action="store_true",
                    help="with --serve: find the largest N held with no missed deadline (doubling from 1, then "
                         "bisecting; each trial --serve-seconds long)")
+    p.add_argument("--churn", action="store_true",
+                   help="with --serve: a reliability run instead: sessions (at most --sessions at once) open, "
+                        "stream 2-20 s of speech and close (a third without a bye) at random for --serve-seconds; "
+                        "checks the server's memory and descriptors and that no output repeats its own or "
+                        "another session's input")
     p.add_argument("--serve-threads", type=int, default=None, metavar="N",
-                   help="with --serve: the server's --threads (default: its own, the machine's cores)")
+                   help="with --serve: the server's --threads (default: its own, 1)")
     p.add_argument("--serve-seconds", type=float, default=60.0, metavar="S",
                    help="with --serve: length of each trial (default: 60)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
@@ -68,6 +73,23 @@ def run_serve(args) -> int:
     speech = [bench.speech_signal(max(args.seconds, 10.0), args.input)]
     engine = engine_args_of(args)
     start = {"method": args.method, "privacy": args.privacy}
+    if args.churn:
+        from rtanon.serve.bench import run_churn
+
+        print(f"rtanon serve, method {args.method}: sessions opening and closing at random for "
+              f"{args.serve_seconds:.0f} s, at most {args.sessions} at once")
+        sources = [speech[0], speech[0][::-1].copy()]  # the speech and its time reversal: two different signals
+        r = run_churn(engine, start, args.sessions, args.serve_seconds, sources, lambda t: print(t, flush=True))
+        print(f"churn: {r['sessions']} sessions in {r['seconds']:.0f} s (at most {r['concurrent']} at once, "
+              f"{r['dropped_without_bye']} dropped without a bye), {r['sessions_failed']} failed, "
+              f"{r['frames_unanswered']} of {r['frames_sent']} frames unanswered, {r['missed_deadlines']} missed "
+              f"deadlines; server memory {r['rss_mb_after_1min']:.0f} MB after a minute, {r['rss_mb_end']:.0f} MB at "
+              f"the end; descriptors {r['fds_start']} before, {r['fds_end']} after; output vs own input "
+              f"{r['max_own_xcorr']:.3f}, vs another session's input {r['max_cross_xcorr']:.3f} (a copy: 1); "
+              f"{r['server_tracebacks']} tracebacks: {'PASS' if r['held'] else 'FAIL'}")
+        if args.json:
+            print(json.dumps(r))
+        return 0 if r["held"] else 1
     print(f"rtanon serve, method {args.method}" + (f" ({args.privacy})" if args.method == "neural" else "")
           + f", {args.serve_seconds:.0f} s per trial; the load generator shares this machine")
     print(f"{'sessions':>8}{'tick p50 ms':>12}{'tick p99 ms':>12}{'>20 ms':>8}{'per session':>12}"

@@ -42,9 +42,9 @@ def register(sub) -> None:
                         "network only)")
     p.add_argument("--max-sessions", type=int, default=d.max_sessions,
                    help=f"sessions served at once; more are refused with 503 (default: {d.max_sessions})")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="ONNX Runtime threads for each batched call of the content encoder and the vocoder "
-                        "(default: the machine's cores)")
+                        "(default: 1; more where the machine has cores to spare beside the tick)")
     p.add_argument("--deadline-ms", type=int, default=d.deadline_ms,
                    help="a frame answered later than this after it arrived gets comfort noise instead "
                         f"(default: {d.deadline_ms})")

@@ -13,6 +13,7 @@ The load generator runs on the same machine and takes its own share of the CPU.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import secrets
 import subprocess
@@ -139,3 +140,63 @@ def engine_args_of(args) -> list[str]:
     if args.content:
         out += ["--content", args.content]
     return out
+
+
+def _rss_mb_and_fds(pid: int) -> tuple[float, int]:
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+#: what a churn run allows: the server's resident memory may grow by this much from the end of the first
+#: minute to the end, and no window of a session's output may repeat an input this much (a copy scores 1)
+CHURN_RSS_GROWTH_MB = 30.0
+
+
+def run_churn(engine_args: list[str], start: dict, concurrent: int, seconds: float, speech: list[np.ndarray],
+              say) -> dict:
+    """Sessions opening and closing at random for ``seconds`` (at most ``concurrent`` at once, a third dropped
+    without a bye), the server's memory and descriptors sampled every 10 s; every session's output checked
+    against its own input and against the input of a session beside it."""
+    from rtanon.serve.client import churn_run, churn_scores
+    from rtanon.soak import RAW_XCORR
+
+    server = _Server(engine_args, max_sessions=concurrent + 2)
+    pid = server.proc.pid
+    rss0, fds0 = _rss_mb_and_fds(pid)
+    samples: list[tuple[float, float, int]] = []
+    t0 = time.monotonic()
+
+    def progress(records) -> None:
+        now = time.monotonic() - t0
+        if not samples or now - samples[-1][0] >= 10.0:
+            rss, fds = _rss_mb_and_fds(pid)
+            samples.append((now, rss, fds))
+            say(f"{now:6.0f} s: {len(records)} sessions opened, server {rss:.0f} MB, {fds} descriptors")
+
+    try:
+        records = asyncio.run(churn_run(server.url, server.token, concurrent, seconds, speech, start,
+                                        on_progress=progress))
+        time.sleep(2.0)  # every session closed: what is left open is a leak
+        rss_end, fds_end = _rss_mb_and_fds(pid)
+    finally:
+        log = server.close()
+    scores = churn_scores(records)
+    after_minute = [s for s in samples if s[0] >= 60.0]
+    rss_ref = after_minute[0][1] if after_minute else rss0
+    own, cross = max((s[0] for s in scores), default=0.0), max((s[1] for s in scores), default=0.0)
+    errors = [r.error for r in records if r.error]
+    result = {
+        "seconds": seconds, "concurrent": concurrent, "sessions": len(records),
+        "dropped_without_bye": sum(r.abrupt for r in records), "errors": errors[:5], "sessions_failed": len(errors),
+        "frames_sent": int(sum(r.frames for r in records)),
+        "frames_unanswered": int(sum(r.frames - r.answered for r in records if not r.abrupt)),
+        "missed_deadlines": int(sum(r.missed for r in records)),
+        "rss_mb_start": round(rss0, 1), "rss_mb_after_1min": round(rss_ref, 1), "rss_mb_end": round(rss_end, 1),
+        "fds_start": fds0, "fds_end": fds_end, "max_own_xcorr": round(own, 3), "max_cross_xcorr": round(cross, 3),
+        "server_tracebacks": log.count("Traceback"),
+    }
+    result["held"] = (not errors and result["frames_unanswered"] == 0 and fds_end <= fds0
+                      and rss_end - rss_ref <= CHURN_RSS_GROWTH_MB and own < RAW_XCORR and cross < RAW_XCORR
+                      and result["server_tracebacks"] == 0)
+    return result

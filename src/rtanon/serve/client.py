@@ -146,3 +146,117 @@ async def load_run(url: str, token: str, sessions: int, duration_s: float, speec
                      int(rng.integers(len(audio) // FRAME_SAMPLES)), rec)
         for i, rec in enumerate(records)))
     return records
+
+
+@dataclass
+class ChurnRecord:
+    """One session of a churn run: how long it lived, how it ended, what it sent and got back (PCM16)."""
+
+    frames: int = 0
+    answered: int = 0
+    missed: int = 0
+    abrupt: bool = False  # dropped the connection instead of saying bye
+    error: str = ""
+    sent: np.ndarray | None = None
+    got: np.ndarray | None = None
+    source: int = 0  # which of the speech signals it streamed
+    beside: int | None = None  # index of a session that streamed another signal at the same time
+
+
+async def _churn_session(url: str, token: str, start: dict, audio: np.ndarray, life_s: float,
+                         rng: np.random.Generator, record: ChurnRecord) -> None:
+    """Streams a random stretch of ``audio`` for ``life_s`` in real time, then says bye or drops."""
+    total = len(audio) // FRAME_SAMPLES
+    n = max(1, int(life_s / 0.02))
+    first = int(rng.integers(total))
+    frames = np.stack([audio[((first + i) % total) * FRAME_SAMPLES:][:FRAME_SAMPLES] for i in range(n)])
+    out = np.zeros_like(frames)
+    record.frames = n
+    record.sent = (frames.reshape(-1) * 32767).astype(np.int16)
+    try:
+        client = await ServeClient.open(url, token, start)
+    except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+        record.error = str(exc) or type(exc).__name__
+        return
+
+    async def reader():
+        while record.answered < n:
+            seq, y = await client.receive(timeout=10.0)
+            out[seq] = y
+            record.answered += 1
+
+    task = asyncio.create_task(reader())
+    try:
+        t0 = time.monotonic()
+        for i in range(n):
+            await asyncio.sleep(max(0.0, t0 + 0.02 * i - time.monotonic()))
+            await client.send(i, frames[i])
+        if record.abrupt:
+            await asyncio.sleep(0.1)
+            await client.ws.close(code=4000)  # a client that drops mid-stream, no bye
+        else:
+            await asyncio.wait_for(task, timeout=10.0)
+            record.missed = (await client.stats()).get("missed_deadlines", 0)
+    except (ConnectionError, asyncio.TimeoutError) as exc:
+        record.error = str(exc) or type(exc).__name__
+    finally:
+        task.cancel()
+        await client.close()
+        record.got = (out.reshape(-1) * 32767).astype(np.int16)
+
+
+async def churn_run(url: str, token: str, concurrent: int, duration_s: float, speech: list[np.ndarray],
+                    start: dict, seed: int = 0, life_s: tuple[float, float] = (2.0, 20.0),
+                    abrupt_share: float = 0.3, on_progress=None) -> list[ChurnRecord]:
+    """``concurrent`` slots, each opening a session that lives a random ``life_s`` (streaming real speech from
+    a random point), ending it (``abrupt_share`` of them by dropping the connection), and opening the next,
+    until ``duration_s`` has passed. Each record notes a session that streamed another of the ``speech``
+    signals beside it (:func:`churn_scores`)."""
+    rng = np.random.default_rng(seed)
+    records: list[ChurnRecord] = []
+    active: set[int] = set()
+    t_end = time.monotonic() + duration_s
+
+    async def slot() -> None:
+        await asyncio.sleep(float(rng.uniform(0, 1.0)))
+        while time.monotonic() < t_end:
+            record = ChurnRecord(abrupt=bool(rng.random() < abrupt_share), source=int(rng.integers(len(speech))))
+            index = len(records)
+            records.append(record)
+            others = [i for i in sorted(active) if records[i].source != record.source]
+            record.beside = others[int(rng.integers(len(others)))] if others else None
+            active.add(index)
+            life = min(float(rng.uniform(*life_s)), max(0.5, t_end - time.monotonic()))
+            try:
+                await _churn_session(url, token, start, speech[record.source], life, rng, record)
+            finally:
+                active.discard(index)
+            if on_progress is not None:
+                on_progress(records)
+
+    await asyncio.gather(*(slot() for _ in range(concurrent)))
+    return records
+
+
+def churn_scores(records: list[ChurnRecord], window_s: float = 0.5) -> list[tuple[float, float]]:
+    """Per session: how much its output repeats its own input (:func:`rtanon.analysis.windowed_max_xcorr`), and
+    how much any half-second of it repeats the input of the session beside it, at any offset (what must never
+    leak from one session to another). A copy scores 1."""
+    from rtanon.analysis import max_xcorr, windowed_max_xcorr
+
+    scores = []
+    for r in records:
+        if r.got is None or r.sent is None:
+            scores.append((0.0, 0.0))
+            continue
+        x, y = r.sent.astype(np.float32) / 32767, r.got.astype(np.float32) / 32767
+        own = windowed_max_xcorr(x, y)
+        cross = 0.0
+        other = records[r.beside].sent if r.beside is not None else None
+        if other is not None:
+            xo, w = other.astype(np.float32) / 32767, int(window_s * 16000)
+            for i in range(0, len(y) - w + 1, w):
+                if np.sqrt(np.mean(y[i:i + w] ** 2)) > 0.01:
+                    cross = max(cross, max_xcorr(y[i:i + w], xo))
+        scores.append((own, cross))
+    return scores
