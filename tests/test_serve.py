@@ -34,7 +34,7 @@ TOKEN = "test-token-" + "x" * 20
 class Running:
     """A ServeServer on a loopback port in its own thread and event loop."""
 
-    def __init__(self, method: str, max_sessions: int = 6) -> None:
+    def __init__(self, method: str, max_sessions: int = 6, port: int = 0) -> None:
         self.log = io.StringIO()
         self.server = ServeServer(ServeConfig(max_sessions=max_sessions), TOKEN,
                                   base=AnonymizerConfig(method=method), log=self.log)
@@ -45,7 +45,7 @@ class Running:
 
         def run():
             asyncio.set_event_loop(self.loop)
-            self._task = self.loop.create_task(self.server.run("127.0.0.1", 0, None, ports.append))
+            self._task = self.loop.create_task(self.server.run("127.0.0.1", port, None, ports.append))
             try:
                 self.loop.run_until_complete(self._task)
             except asyncio.CancelledError:
