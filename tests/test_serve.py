@@ -395,6 +395,7 @@ def test_serve_refuses_an_open_host_without_tls_and_makes_a_private_token(tmp_pa
             if "listening on" in line:
                 break
         assert any("wrote a new token" in line for line in lines)
+        assert "the page: http://127.0.0.1:" in lines[-1] and "/?token=TOKEN, TOKEN from" in lines[-1]
         assert (tmp_path / "new").stat().st_mode & 0o777 == 0o600
         assert len((tmp_path / "new").read_text().strip()) >= 32
     finally:

@@ -1,12 +1,14 @@
-"""The clients of ``rtanon serve``: ``rtanon connect`` (the live loop with a RemoteSession).
+"""The clients of ``rtanon serve``: ``rtanon connect`` (the live loop with a RemoteSession) and the page at ``/``.
 
 Against a real server started in the test (test_serve's ``Running``): the live loop's fake device clock
-(as in test_live_core) and a private PulseAudio daemon for ``rtanon connect`` itself. What comes back must
-be the pseudo-voice (speech present, no raw copy), comfort noise while the server is away, and the client
-must run without any model runtime."""
+(as in test_live_core), a private PulseAudio daemon for ``rtanon connect`` itself, and headless Debian
+chromium with a fake microphone reading real speech for the page. What comes back must be the pseudo-voice
+(speech present, no raw copy), comfort noise while the server is away, and the client must run without
+any model runtime."""
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -14,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -286,3 +290,98 @@ def test_connect_through_the_virtual_microphone_then_ctrl_c(server, tmp_path, sp
     assert np.sqrt(np.mean(anon**2)) > 0.01  # the voice came through the virtual microphone
     assert max_xcorr(speech, anon) < 0.5 < max_xcorr(speech, speech)
     assert server.said("started (mcadams)")
+
+
+# -- the page at / in headless chromium --------------------------------------------------------------------
+
+def fetch(url: str) -> tuple[int, dict, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def test_page_needs_the_token_and_is_served_under_a_strict_policy(server):
+    base = f"http://127.0.0.1:{server.port}"
+    status, _, text = fetch(base + "/")
+    assert status == 401 and "open /?token=TOKEN" in text
+    assert fetch(base + "/?token=guess")[0] == 401
+    assert server.said("page refused: missing or wrong token")
+    status, headers, html = fetch(f"{base}/?token={TOKEN}")
+    assert status == 200 and 'src="/static/app.js"' in html and TOKEN not in html
+    csp = headers["Content-Security-Policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe" not in csp and "http" not in csp.replace(f"ws://127.0.0.1:{server.port}", "")
+    assert headers["Referrer-Policy"] == "no-referrer" and headers["X-Frame-Options"] == "DENY"
+    for name, kind in (("app.js", "text/javascript"), ("worklet.js", "text/javascript"), ("style.css", "text/css")):
+        status, headers, _ = fetch(f"{base}/static/{name}")
+        assert status == 200 and headers["Content-Type"].startswith(kind)
+    assert fetch(f"{base}/static/../server.py")[0] == 404 and fetch(f"{base}/static/index.html")[0] == 404
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory, speech_paths):
+    pytest.importorskip("selenium", reason="the browser tests need selenium (the [test] extra)")
+    binary, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
+    if binary is None or driver_bin is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (./setup.sh test installs them)")
+    import soundfile as sf
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    speech = np.concatenate([read_audio(p) for p in speech_paths[:3]])  # about 12 s, looped by chromium
+    wav = tmp_path_factory.mktemp("mic") / "so762.wav"
+    sf.write(wav, speech, RATE, subtype="PCM_16")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-extensions", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={wav}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_bin), options=options)
+    try:
+        yield driver, speech
+    finally:
+        driver.quit()
+
+
+def decode(rows) -> dict[int, np.ndarray]:
+    return {seq: np.frombuffer(base64.b64decode(b), "<i2").astype(np.float32) / 32768 for seq, b in rows}
+
+
+def test_page_streams_the_microphone_and_plays_the_pseudo_voice(server, chromium):
+    driver, speech = chromium
+    driver.get(f"http://127.0.0.1:{server.port}/?token={TOKEN}")
+    driver.find_element("id", "start").click()
+
+    def page():
+        return driver.execute_script("const p = window.rtanon; return {state: p.state, error: p.error, sent: p.sent, "
+                                     "received: p.received, played: p.played, gaps: p.gaps, rate: p.contextRate}")
+
+    deadline = time.monotonic() + 40
+    while page()["received"] < 400:  # 8 s back from the server
+        assert time.monotonic() < deadline and page()["state"] != "stopped", page()
+        time.sleep(0.25)
+    p = page()
+    dump = driver.execute_script("return window.rtanon.dump()")
+    sent, got = decode(dump["sent"]), decode(dump["received"])
+    seqs = [s for s in sorted(sent) if s in got]
+    assert len(seqs) >= 390 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # every frame answered in order
+    x, y = np.concatenate([sent[s] for s in seqs]), np.concatenate([got[s] for s in seqs])
+    print(f"\npage: context {p['rate']} Hz, {p['sent']} frames sent, {p['received']} received, {p['played']} "
+          f"played, {p['gaps']} playback gaps")
+    assert max_xcorr(x[RATE:3 * RATE], speech) > 0.8  # the page captured the speech file, resampled to 16 kHz
+    check_pseudo_voice(x, y)
+    assert p["played"] >= 0.8 * p["received"] - 50  # the answers went to the speakers
+    assert "running" in driver.find_element("id", "state").text
+    assert "mcadams" in driver.find_element("id", "voice").text
+    assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]  # no CSP or script error
+    before = len(server.lines())
+    driver.find_element("id", "stop").click()
+    assert driver.find_element("id", "state").text == "stopped"
+    deadline = time.monotonic() + 5
+    while not any(line.endswith("closed: bye") for line in server.lines()[before:]):
+        assert time.monotonic() < deadline, server.lines()[before:]
+        time.sleep(0.05)

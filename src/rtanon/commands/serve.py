@@ -24,7 +24,8 @@ def register(sub) -> None:
                     "Every 20 ms one batched step runs all sessions; a frame not ready by its deadline is "
                     "answered with comfort noise, never with the input. Each session gets a fresh voice "
                     "unless its start message pins an identity. Every connection needs the token in "
-                    "--token-file (as `Authorization: Bearer TOKEN` or ?token=TOKEN). "
+                    "--token-file (as `Authorization: Bearer TOKEN` or ?token=TOKEN). The page at "
+                    "/?token=TOKEN streams a browser's microphone and plays the anonymized voice back; "
                     "`rtanon connect` runs the live loop of a machine without the models against this server.",
         epilog="Examples: `rtanon serve --token-file ~/.config/rtanon/serve-token` (loopback, port 8765); "
                "`rtanon serve --host 0.0.0.0 --certfile cert.pem --keyfile key.pem --token-file T`. "
@@ -100,6 +101,7 @@ def run(args) -> int:
 
     from rtanon.commands._common import config_from_args
     from rtanon.errors import CliError
+    from rtanon.paths import printable
 
     try:
         from rtanon.serve.server import ServeServer
@@ -140,7 +142,9 @@ def run(args) -> int:
     scheme = "wss" if ssl_context else "ws"
 
     def ready(port: int) -> None:
-        say(f"listening on {scheme}://{args.host}:{port}/ws (up to {config.max_sessions} sessions; Ctrl-C stops)")
+        say(f"listening on {scheme}://{args.host}:{port}/ws (up to {config.max_sessions} sessions; Ctrl-C stops); "
+            f"the page: {'https' if ssl_context else 'http'}://{args.host}:{port}/?token=TOKEN, TOKEN from "
+            f"{printable(args.token_file)}")
 
     try:
         asyncio.run(server.run(args.host, args.port, ssl_context, ready))

@@ -12,4 +12,6 @@
 - :mod:`rtanon.serve.client`: the load generator of ``rtanon bench --serve``.
 - :mod:`rtanon.serve.remote`: ``rtanon connect``'s :class:`RemoteSession`, the engine ``Session``
   interface that the live loop runs, computed by the server (no model runtime on the client).
+- ``static/``: the page at ``/?token=TOKEN`` (microphone -> AudioWorklet -> 16 kHz frames -> ``/ws`` ->
+  the anonymized voice played back), plain HTML/JS.
 """

@@ -1,7 +1,10 @@
 """The WebSocket server of ``rtanon serve`` (aiohttp, the ``[serve]`` extra).
 
-Routes: ``GET /ws`` (one WebSocket = one session, see :mod:`rtanon.serve.protocol`) and
-``GET /health`` (``ok``, no token: for load balancers). Every WebSocket request must carry the
+Routes: ``GET /ws`` (one WebSocket = one session, see :mod:`rtanon.serve.protocol`),
+``GET /?token=TOKEN`` (a page that streams the browser's microphone to ``/ws`` and plays the anonymized
+voice: ``static/``, plain HTML/JS, served under a strict Content-Security-Policy), ``GET /static/NAME``
+(its script, audio worklet and style sheet; no secret in them, no token) and ``GET /health`` (``ok``, no
+token: for load balancers). Every WebSocket request must carry the
 server's token, as ``Authorization: Bearer TOKEN`` or (browsers cannot set headers) ``?token=TOKEN``;
 a request with an ``Origin`` other than the server's own is refused (a page elsewhere cannot use a
 visitor's token); beyond ``max_sessions`` a request is refused with 503. A session's client must
@@ -15,9 +18,11 @@ first use and shared by every session) and the :class:`rtanon.serve.scheduler.Sc
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import sys
 import time
+from importlib import resources
 from typing import TextIO
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -28,6 +33,12 @@ from rtanon.paths import printable
 from rtanon.serve.protocol import FRAME_BYTES, MAX_TEXT_BYTES, ProtocolError, pack_frame, parse_control, unpack_frame
 from rtanon.serve.scheduler import Scheduler, ServeConfig, StreamSession
 
+#: the page's files (``static/``) and their content types
+STATIC_FILES = {"app.js": "text/javascript", "worklet.js": "text/javascript", "style.css": "text/css"}
+#: a Host header that may go into the page's Content-Security-Policy (anything else: 'self' alone)
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
+_PAGE_HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+                 "X-Content-Type-Options": "nosniff", "Permissions-Policy": "microphone=(self)"}
 START_TIMEOUT_S = 10.0
 #: answers a client may leave unread before it is closed (it is not reading: 2 s of audio)
 MAX_UNSENT_FRAMES = 100
@@ -45,6 +56,10 @@ def warm_up(anonymizer, sessions: int = 3, frames: int = 10) -> None:
     for _ in range(frames):
         chunks = [(0.05 * rng.standard_normal(anonymizer.chunk_samples)).astype(np.float32) for _ in streams]
         run_batched([s.steps(x) for s, x in zip(streams, chunks)])
+
+
+def _static(name: str) -> str:
+    return resources.files("rtanon.serve").joinpath("static", name).read_text(encoding="utf-8")
 
 
 class ServeServer:
@@ -104,16 +119,42 @@ class ServeServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_TEXT_BYTES)
         app.router.add_get("/ws", self._ws)
+        app.router.add_get("/", self._page)
+        app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/health", self._health)
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    def _refusal(self, request: web.Request) -> web.Response | None:
+    def _token_ok(self, request: web.Request) -> bool:
         auth = request.headers.get("Authorization", "")
         given = auth[7:] if auth.startswith("Bearer ") else request.query.get("token", "")
-        if not secrets.compare_digest(given.encode(), self.token.encode()):
+        return secrets.compare_digest(given.encode(), self.token.encode())
+
+    async def _page(self, request: web.Request) -> web.Response:
+        """The microphone page; without the token a 401 that says how to open it."""
+        if not self._token_ok(request):
+            self.refused += 1
+            self._say(printable(request.remote or "?", 60), "page refused: missing or wrong token")
+            return web.Response(status=401, headers=_PAGE_HEADERS,
+                                text="rtanon serve: missing or wrong token; open /?token=TOKEN with the token in "
+                                     "the server's --token-file\n")
+        host = request.host if _PLAIN_HOST.fullmatch(request.host or "") else None
+        sockets = f" ws://{host} wss://{host}" if host else ""  # older browsers do not count ws: as 'self'
+        csp = ("default-src 'none'; script-src 'self'; style-src 'self'; "
+               f"connect-src 'self'{sockets}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+        return web.Response(text=_static("index.html"), content_type="text/html",
+                            headers={**_PAGE_HEADERS, "Content-Security-Policy": csp})
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC_FILES:
+            raise web.HTTPNotFound()
+        return web.Response(text=_static(name), content_type=STATIC_FILES[name], headers=_PAGE_HEADERS)
+
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        if not self._token_ok(request):
             return web.Response(status=401, text="rtanon serve: missing or wrong token\n")
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"{request.scheme}://{request.host}":
