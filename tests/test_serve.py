@@ -34,10 +34,10 @@ TOKEN = "test-token-" + "x" * 20
 class Running:
     """A ServeServer on a loopback port in its own thread and event loop."""
 
-    def __init__(self, method: str, max_sessions: int = 6, port: int = 0) -> None:
+    def __init__(self, method: str, max_sessions: int = 6, port: int = 0, base: AnonymizerConfig | None = None) -> None:
         self.log = io.StringIO()
         self.server = ServeServer(ServeConfig(max_sessions=max_sessions), TOKEN,
-                                  base=AnonymizerConfig(method=method), log=self.log)
+                                  base=base or AnonymizerConfig(method=method), log=self.log)
         self.server.anonymizer_for(method, "balanced")
         self.loop = asyncio.new_event_loop()
         ports: list[int] = []

@@ -26,6 +26,7 @@ pytest.importorskip("aiohttp")
 
 from rtanon.analysis import envelope_delay_s, max_xcorr  # noqa: E402
 from rtanon.audio_io import read_audio  # noqa: E402
+from rtanon.config import AnonymizerConfig, McAdamsConfig  # noqa: E402
 from rtanon.live import LiveCore  # noqa: E402
 from rtanon.serve.remote import RemoteConfig, RemoteSession  # noqa: E402
 from test_serve import TOKEN, Running, raw_voice_score  # noqa: E402
@@ -52,9 +53,14 @@ def env():
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
 
 
+#: McAdams voices from the lower part of the shipped range: the raw-voice check below scores them up to about
+#: 0.65 on a half-second (at alpha 0.9, the top of the range, up to 0.85: too close to a copy's 1 to tell)
+PINNED = AnonymizerConfig(method="mcadams", mcadams=McAdamsConfig(alpha_min=0.75, alpha_max=0.8))
+
+
 @pytest.fixture(scope="module")
 def server():
-    running = Running("mcadams")
+    running = Running("mcadams", base=PINNED)
     yield running
     running.stop()
 
@@ -92,7 +98,6 @@ def drive(core: LiveCore, x: np.ndarray, block: int = 160, at=()) -> np.ndarray:
 
 def test_connect_loop_plays_the_pseudo_voice_behind_its_stated_delay(server, speech_paths):
     from rtanon import Anonymizer
-    from rtanon.config import AnonymizerConfig
 
     x = np.concatenate([read_audio(p) for p in speech_paths[:2]])
     remote = RemoteSession(server.url, TOKEN, {"method": "mcadams"}).open()
@@ -106,7 +111,7 @@ def test_connect_loop_plays_the_pseudo_voice_behind_its_stated_delay(server, spe
     assert remote.counters.chunks >= len(y) // 320 - 2 and remote.counters.speech_chunks > 50
     assert stats["missed_deadlines"] <= 0.1 * stats["frames"] and stats["unsent"] == 0, stats
     # the delay the status line states (server + pipeline + the live loop's jitter queue) is the one heard
-    local = Anonymizer(AnonymizerConfig(method="mcadams")).open_session(seed=1)
+    local = Anonymizer(PINNED).open_session(seed=1)
     y_local = drive(LiveCore(local, RATE, RATE), x[: 6 * RATE])
     heard = envelope_delay_s(x[: len(y)], y, max_delay_s=0.5)
     heard_local = envelope_delay_s(x[: len(y_local)], y_local, max_delay_s=0.5)
@@ -122,7 +127,7 @@ def test_connect_loop_plays_the_pseudo_voice_behind_its_stated_delay(server, spe
 
 def test_server_away_plays_comfort_noise_and_the_client_reconnects(speech_paths):
     x = np.concatenate([read_audio(p) for p in speech_paths[2:5]])[: 14 * RATE]
-    first = Running("mcadams")
+    first = Running("mcadams", base=PINNED)
     port = first.port
     servers = [first]
     remote = RemoteSession(first.url, TOKEN, {"method": "mcadams"}, RemoteConfig(retry_max_s=0.5)).open()
@@ -135,7 +140,7 @@ def test_server_away_plays_comfort_noise_and_the_client_reconnects(speech_paths)
 
     def restart():
         marks["down_seen"] = not remote.connected and "DOWN" in remote.status()
-        servers.append(Running("mcadams", port=port))
+        servers.append(Running("mcadams", port=port, base=PINNED))
 
     try:
         y = drive(LiveCore(remote, RATE, RATE), x, at=[(4.0, stop), (8.0, restart)])
