@@ -25,7 +25,7 @@ ERROR_CHARS = 2000
 COMMANDS = [
     *(f"rtanon.commands.{name}" for name in (
         "demo", "devices", "live", "ui", "file", "anonymize_dir", "virtual_device", "bench", "soak",
-        "identity", "pool", "f0", "f0_bench", "eval", "serve")),
+        "identity", "pool", "f0", "f0_bench", "eval", "serve", "connect")),
     "rtanon.train.commands.train", "rtanon.train.commands.lab",
 ]
 

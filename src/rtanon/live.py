@@ -149,6 +149,7 @@ class LiveCore:
         self.input_skips = 0
         self.worker_errors = 0
         self.session_swaps = 0
+        self.interrupted = False  # run_live: Ctrl-C ended the loop
 
     # -- callbacks: copies only ------------------------------------------------
     def on_input(self, samples: np.ndarray) -> None:
@@ -488,9 +489,11 @@ class DelayMeter:
 def run_live(session: Session, input_spec: str | None, output_spec: str | None, *,
              config: LiveConfig | None = None, duration_s: float | None = None,
              device_rate_hz: int | None = None, status_interval_s: float = 0.5, stream=sys.stderr,
-             json_status=None) -> LiveCore:
-    """Runs the live loop until Ctrl-C or ``duration_s``; returns the core with its counters.
-    ``json_status``: a text stream that gets one JSON object per status interval (for ``rtanon soak``)."""
+             json_status=None, name: str = "rtanon live", extra_status=None) -> LiveCore:
+    """Runs the live loop until Ctrl-C or ``duration_s``; returns the core with its counters
+    (``core.interrupted``: Ctrl-C ended it). ``json_status``: a text stream that gets one JSON object per
+    status interval (for ``rtanon soak``); ``name`` starts the running line; ``extra_status()``: a string
+    the status line ends with (``rtanon connect``: the server's state)."""
     import json
 
     import sounddevice as sd
@@ -531,7 +534,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                                   "`rtanon devices` lists the devices") from None
         t_start = time.monotonic()  # the duration counts from the open streams, not the (slow) opening
         t_end = None if duration_s is None else t_start + duration_s
-        print(f"rtanon live: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
+        print(f"{name}: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
               f"{1000 * inp.latency_s:.0f}+{1000 * out.latency_s:.0f} ms, voice {session.voice}; "
               "Ctrl-C stops", file=sys.stderr, flush=True)
         next_status = 0.0
@@ -556,7 +559,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                              f"({'reported by the audio server' if measured else 'estimated'}; algorithmic "
                              f"{algo_ms:.0f}) | missed {counters.missed_deadlines} | "
                              f"xruns {counters.input_overflows + counters.output_underflows} | "
-                             f"errors {counters.stage_errors + core.worker_errors}{down}   ")
+                             f"errors {counters.stage_errors + core.worker_errors}{down}"
+                             f"{extra_status() if extra_status is not None else ''}   ")
                 stream.flush()
             if json_status is not None:
                 json_status.write(json.dumps({
@@ -570,7 +574,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                     "input_reopens": inp.reopens, "output_reopens": out.reopens}) + "\n")
                 json_status.flush()
     except KeyboardInterrupt:
-        pass
+        core.interrupted = True
     finally:
         inp.close()
         out.close()

@@ -24,7 +24,9 @@ def register(sub) -> None:
                     "Every 20 ms one batched step runs all sessions; a frame not ready by its deadline is "
                     "answered with comfort noise, never with the input. Each session gets a fresh voice "
                     "unless its start message pins an identity. Every connection needs the token in "
-                    "--token-file (as `Authorization: Bearer TOKEN` or ?token=TOKEN).",
+                    "--token-file (as `Authorization: Bearer TOKEN` or ?token=TOKEN). The page at "
+                    "/?token=TOKEN streams a browser's microphone and plays the anonymized voice back; "
+                    "`rtanon connect` runs the live loop of a machine without the models against this server.",
         epilog="Examples: `rtanon serve --token-file ~/.config/rtanon/serve-token` (loopback, port 8765); "
                "`rtanon serve --host 0.0.0.0 --certfile cert.pem --keyfile key.pem --token-file T`. "
                "Measure what a machine holds with `rtanon bench --serve --sessions N`.")
@@ -65,8 +67,7 @@ def register(sub) -> None:
 
 def read_token(path: str, say) -> str:
     """The token in ``path``; a new random one written there (0600) when it does not exist."""
-    from rtanon.errors import CliError
-    from rtanon.paths import InputPathError, printable, read_capped
+    from rtanon.paths import printable
 
     file = Path(path)
     if not file.exists():
@@ -76,13 +77,25 @@ def read_token(path: str, say) -> str:
             f.write(token + "\n")
         say(f"wrote a new token to {printable(file)}")
         return token
+    return load_token(path, "delete the file to get a fresh one")
+
+
+def load_token(path: str, fix: str) -> str:
+    """The token in the existing file ``path``, checked; ``fix`` says how to mend a bad one
+    (``rtanon connect`` reads a copy of the server's file this way)."""
+    from rtanon.errors import CliError
+    from rtanon.paths import InputPathError, printable, read_capped
+
+    if not Path(path).exists():
+        raise CliError(f"--token-file {printable(path)}: no such file; copy the file that `rtanon serve "
+                       "--token-file` wrote on the server")
     try:
-        token = read_capped(file, MAX_TOKEN_FILE_BYTES, "token file").decode("utf-8").strip()
+        token = read_capped(Path(path), MAX_TOKEN_FILE_BYTES, "token file").decode("utf-8").strip()
     except (InputPathError, OSError, UnicodeDecodeError) as exc:
         raise CliError(f"--token-file {printable(path)}: {printable(exc, 120)}") from None
     if len(token) < TOKEN_CHARS_MIN or not token.isprintable() or " " in token:
         raise CliError(f"--token-file {printable(path)}: the token must be one word of at least "
-                       f"{TOKEN_CHARS_MIN} printable characters (delete the file to get a fresh one)")
+                       f"{TOKEN_CHARS_MIN} printable characters ({fix})")
     return token
 
 
@@ -104,6 +117,7 @@ def run(args) -> int:
 
     from rtanon.commands._common import config_from_args
     from rtanon.errors import CliError
+    from rtanon.paths import printable
 
     try:
         from rtanon.serve.server import ServeServer
@@ -151,7 +165,9 @@ def run(args) -> int:
     scheme = "wss" if ssl_context else "ws"
 
     def ready(port: int) -> None:
-        say(f"listening on {scheme}://{args.host}:{port}/ws (up to {config.max_sessions} sessions; Ctrl-C stops)")
+        say(f"listening on {scheme}://{args.host}:{port}/ws (up to {config.max_sessions} sessions; Ctrl-C stops); "
+            f"the page: {'https' if ssl_context else 'http'}://{args.host}:{port}/?token=TOKEN, TOKEN from "
+            f"{printable(args.token_file)}")
 
     try:
         asyncio.run(server.run(args.host, args.port, ssl_context, ready))

@@ -10,4 +10,8 @@
   same-origin browsers only, loopback unless TLS (or ``--insecure``), session and rate limits; a
   client that breaks a rule is closed with its reason in one logged line.
 - :mod:`rtanon.serve.client`: the load generator of ``rtanon bench --serve``.
+- :mod:`rtanon.serve.remote`: ``rtanon connect``'s :class:`RemoteSession`, the engine ``Session``
+  interface that the live loop runs, computed by the server (no model runtime on the client).
+- ``static/``: the page at ``/?token=TOKEN`` (microphone -> AudioWorklet -> 16 kHz frames -> ``/ws`` ->
+  the anonymized voice played back), plain HTML/JS.
 """

@@ -1,7 +1,10 @@
 """The WebSocket server of ``rtanon serve`` on one machine (aiohttp, the ``[serve]`` extra).
 
-Routes: ``GET /ws`` (one WebSocket = one session, see :mod:`rtanon.serve.protocol`) and
-``GET /health`` (``ok``, no token: for load balancers). Every WebSocket request must carry the
+Routes: ``GET /ws`` (one WebSocket = one session, see :mod:`rtanon.serve.protocol`),
+``GET /?token=TOKEN`` (a page that streams the browser's microphone to ``/ws`` and plays the anonymized
+voice: ``static/``, plain HTML/JS, served under a strict Content-Security-Policy), ``GET /static/NAME``
+(its script, audio worklet and style sheet; no secret in them, no token) and ``GET /health`` (``ok``, no
+token: for load balancers). Every WebSocket request must carry the
 server's token, as ``Authorization: Bearer TOKEN`` or (browsers cannot set headers) ``?token=TOKEN``
 (401 otherwise); a request with an ``Origin`` other than the server's own is refused (403: a page
 elsewhere cannot use a visitor's token); beyond ``max_sessions``, 503. What a session does is
@@ -11,12 +14,26 @@ elsewhere cannot use a visitor's token); beyond ``max_sessions``, 503. What a se
 from __future__ import annotations
 
 import asyncio
+import re
+import secrets
+from importlib import resources
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtanon.paths import printable
 from rtanon.serve.host import SessionHost
 from rtanon.serve.protocol import MAX_TEXT_BYTES
+
+#: the page's files (``static/``) and their content types
+STATIC_FILES = {"app.js": "text/javascript", "worklet.js": "text/javascript", "style.css": "text/css"}
+#: a Host header that may go into the page's Content-Security-Policy (anything else: 'self' alone)
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
+_PAGE_HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+                 "X-Content-Type-Options": "nosniff", "Permissions-Policy": "microphone=(self)"}
+
+
+def _static(name: str) -> str:
+    return resources.files("rtanon.serve").joinpath("static", name).read_text(encoding="utf-8")
 
 
 class _AiohttpConnection:
@@ -51,11 +68,36 @@ class ServeServer(SessionHost):
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_TEXT_BYTES)
         app.router.add_get("/ws", self._ws)
+        app.router.add_get("/", self._page)
+        app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/health", self._health)
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
+
+    async def _page(self, request: web.Request) -> web.Response:
+        """The microphone page; without the token a 401 that says how to open it."""
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:] if auth.startswith("Bearer ") else request.query.get("token", "")
+        if not secrets.compare_digest(given.encode(), self.token.encode()):
+            self.refused += 1
+            self.say(printable(request.remote or "?", 60), "page refused: missing or wrong token")
+            return web.Response(status=401, headers=_PAGE_HEADERS,
+                                text="rtanon serve: missing or wrong token; open /?token=TOKEN with the token in "
+                                     "the server's --token-file\n")
+        host = request.host if _PLAIN_HOST.fullmatch(request.host or "") else None
+        sockets = f" ws://{host} wss://{host}" if host else ""  # older browsers do not count ws: as 'self'
+        csp = ("default-src 'none'; script-src 'self'; style-src 'self'; "
+               f"connect-src 'self'{sockets}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+        return web.Response(text=_static("index.html"), content_type="text/html",
+                            headers={**_PAGE_HEADERS, "Content-Security-Policy": csp})
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC_FILES:
+            raise web.HTTPNotFound()
+        return web.Response(text=_static(name), content_type=STATIC_FILES[name], headers=_PAGE_HEADERS)
 
     async def _ws(self, request: web.Request) -> web.StreamResponse:
         peer = printable(request.remote or "?", 60)
