@@ -44,9 +44,6 @@ def register(sub) -> None:
                         "network only)")
     p.add_argument("--max-sessions", type=int, default=d.max_sessions,
                    help=f"sessions served at once; more are refused with 503 (default: {d.max_sessions})")
-    p.add_argument("--workers", type=int, default=d.workers, metavar="N",
-                   help="threads a tick's sessions are split over, each with its own batch: on a CPU server the "
-                        f"models' calls then overlap on N cores (default: {d.workers}: one batch, for a GPU)")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="ONNX Runtime threads for each batched call of the content encoder and the vocoder "
                         "(default: 1; more where the machine has cores to spare beside the tick)")
@@ -141,7 +138,7 @@ def run(args) -> int:
     if not _is_loopback(args.host) and args.certfile is None and not args.insecure:
         raise CliError(f"--host {args.host} is reachable from other machines: give --certfile and --keyfile "
                        "(wss://), or --insecure on a trusted network")
-    config = ServeConfig(max_sessions=args.max_sessions, deadline_ms=args.deadline_ms, workers=args.workers)
+    config = ServeConfig(max_sessions=args.max_sessions, deadline_ms=args.deadline_ms)
     try:
         config.validate()
     except ValueError as exc:

@@ -135,8 +135,6 @@ def engine_args_of(args) -> list[str]:
            "--accelerator", args.accelerator]
     if args.serve_threads:
         out += ["--threads", str(args.serve_threads)]
-    if args.serve_workers:
-        out += ["--workers", str(args.serve_workers)]
     if args.vocoder:
         out += ["--vocoder", args.vocoder]
     if args.content:

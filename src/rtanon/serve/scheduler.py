@@ -32,24 +32,19 @@ from rtanon.constants import FRAME_SAMPLES, SAMPLE_RATE_HZ
 
 @dataclass
 class ServeConfig:
-    """``max_sessions``: connections served at once (more are refused); ``workers``: threads a tick's sessions
-    are split over (1: one batch per model and round, what a GPU wants; a CPU's cores overlap the models'
-    calls with more); ``tick_ms``: the scheduler's
+    """``max_sessions``: connections served at once (more are refused); ``tick_ms``: the scheduler's
     period (one frame); ``deadline_ms``: how long after its arrival a frame may be answered with the
     session's voice (later: comfort noise, counted as missed); ``max_queued_frames``: frames a session
     may have waiting (a client sending faster than real time is closed before); ``burst_frames``: how
     far ahead of real time a client may send before it counts as flooding."""
 
     max_sessions: int = 64
-    workers: int = 1
     tick_ms: int = FRAME_SAMPLES * 1000 // SAMPLE_RATE_HZ
     deadline_ms: int = 60
     max_queued_frames: int = 25
     burst_frames: int = 25
 
     def validate(self) -> None:
-        if not 1 <= self.workers <= 64:
-            raise ConfigError(f"workers={self.workers}: use 1 to 64")
         if not 1 <= self.max_sessions <= 100_000:
             raise ConfigError(f"max_sessions={self.max_sessions}: use 1 to 100000")
         if self.tick_ms != FRAME_SAMPLES * 1000 // SAMPLE_RATE_HZ:
@@ -129,7 +124,6 @@ class Scheduler:
         self._streams: dict[int, StreamSession] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pool = None
 
     # -- sessions (any thread) --------------------------------------------------------------------
     def add(self, stream: StreamSession) -> None:
@@ -181,7 +175,7 @@ class Scheduler:
                 batch.append((stream, seq, arrived, x))
             if not batch:
                 continue
-            results = self._run(batch)
+            results = run_batched([s.session.steps(x) for s, _, _, x in batch], self.calls)
             done = time.monotonic()
             for (stream, seq, arrived, x), y in zip(batch, results):
                 if isinstance(y, Failed) or done - arrived > deadline:
@@ -191,29 +185,6 @@ class Scheduler:
         for stream, _, _ in outputs:
             stream.frames_out += 1
         return outputs
-
-    def _run(self, batch: list) -> list:
-        """One round: every session's step, batched; with ``workers`` > 1 the sessions split into that many
-        batches run in threads (the models' calls release the GIL: they overlap on several cores)."""
-        gens = [s.session.steps(x) for s, _, _, x in batch]
-        parts = min(self.config.workers, len(gens))
-        if parts <= 1:
-            return run_batched(gens, self.calls)
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="rtanon-serve-part")
-        bounds = np.linspace(0, len(gens), parts + 1).astype(int)
-        stats = [{} for _ in range(parts)]
-        futures = [self._pool.submit(run_batched, gens[a:b], stats[i])
-                   for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-        results = [r for f in futures for r in f.result()]
-        for part in stats:
-            for name, entry in part.items():
-                total = self.calls.setdefault(name, {"calls": 0, "rows": 0})
-                total["calls"] += entry["calls"]
-                total["rows"] += entry["rows"]
-        return results
 
     @staticmethod
     def _prepare(stream: StreamSession) -> None:
@@ -250,5 +221,3 @@ class Scheduler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
