@@ -409,13 +409,13 @@ def test_frame_wire_format_round_trips():
 
 
 def test_churn_scores_find_one_sessions_input_in_anothers_output(speech_paths):
-    from rtanon.serve.client import ChurnRecord, churn_scores
+    from rtanon.serve.client import SessionRecord, churn_scores
 
     pcm = lambda a: (a * 32767).astype(np.int16)  # noqa: E731
     x, other = read_audio(speech_paths[0])[:16000 * 3], read_audio(speech_paths[1])[:16000 * 3]
-    clean = ChurnRecord(sent=pcm(x), got=pcm(0.5 * other[::-1]), beside=2)
-    leak = ChurnRecord(sent=pcm(x), got=pcm(np.concatenate([np.zeros(8000), other[:-8000]])), beside=2)
-    source = ChurnRecord(sent=pcm(other), got=None)
+    clean = SessionRecord(sent=pcm(x), got=pcm(0.5 * other[::-1]), beside=2)
+    leak = SessionRecord(sent=pcm(x), got=pcm(np.concatenate([np.zeros(8000), other[:-8000]])), beside=2)
+    source = SessionRecord(sent=pcm(other), got=None)
     (own0, cross0), (own1, cross1), _ = churn_scores([clean, leak, source])
     assert cross1 > 0.95 and cross0 < 0.6  # the other session's voice, half a second late, is found
 

@@ -90,17 +90,42 @@ class ServeClient:
 
 @dataclass
 class SessionRecord:
-    """What one load-generator session saw: the round trip of every answered frame and the server's counters."""
+    """What one load-generator session saw: the round trip of every answered frame, the server's counters
+    and, for the churn run, what it sent and got back (PCM16) and which session streamed beside it."""
 
+    frames: int = 0
     round_trip_s: list[float] = field(default_factory=list)
-    lost: int = 0  # frames sent and never answered
+    lost: int = 0  # frames sent and never answered (after a bye)
+    abrupt: bool = False  # dropped the connection instead of saying bye
     server: dict = field(default_factory=dict)
     error: str = ""
+    sent: np.ndarray | None = None
+    got: np.ndarray | None = None
+    source: int = 0  # which of the speech signals it streamed
+    beside: int | None = None  # index of a session that streamed another signal at the same time
+
+    @property
+    def answered(self) -> int:
+        return len(self.round_trip_s)
+
+    @property
+    def missed(self) -> int:
+        return self.server.get("missed_deadlines", 0)
 
 
-async def _one_session(url: str, token: str, start: dict, audio: np.ndarray, duration_s: float, phase_s: float,
-                       offset: int, record: SessionRecord) -> None:
-    n_frames = int(round(duration_s * 1000 / 20))
+def stretch(audio: np.ndarray, first: int, n: int) -> np.ndarray:
+    """``n`` frames of ``audio`` from frame ``first`` on, looping: ``(n, FRAME_SAMPLES)``."""
+    total = len(audio) // FRAME_SAMPLES
+    idx = (first + np.arange(n)) % total
+    return audio[: total * FRAME_SAMPLES].reshape(total, FRAME_SAMPLES)[idx]
+
+
+async def _stream(url: str, token: str, start: dict, frames: np.ndarray, phase_s: float, record: SessionRecord,
+                  keep: bool = False) -> None:
+    """One session: opens it, waits ``phase_s``, sends ``frames`` in real time, collects every answer and its
+    round trip, then asks for the counters and says bye, or (``record.abrupt``) drops the connection."""
+    record.frames = len(frames)
+    out = np.zeros_like(frames) if keep else None
     sent: dict[int, float] = {}
     try:
         client = await ServeClient.open(url, token, start)
@@ -109,30 +134,35 @@ async def _one_session(url: str, token: str, start: dict, audio: np.ndarray, dur
         return
 
     async def reader():
-        while len(record.round_trip_s) < n_frames:
-            seq, _ = await client.receive(timeout=10.0)
+        while record.answered < len(frames):
+            seq, y = await client.receive(timeout=10.0)
             record.round_trip_s.append(time.monotonic() - sent.pop(seq))
+            if out is not None:
+                out[seq] = y
 
     task = asyncio.create_task(reader())
     try:
         await asyncio.sleep(phase_s)
         t0 = time.monotonic()
-        frames = len(audio) // FRAME_SAMPLES
-        for i in range(n_frames):
-            delay = t0 + i * 0.02 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            k = (i + offset) % frames
+        for i, frame in enumerate(frames):
+            await asyncio.sleep(max(0.0, t0 + 0.02 * i - time.monotonic()))
             sent[i] = time.monotonic()
-            await client.send(i, audio[k * FRAME_SAMPLES:(k + 1) * FRAME_SAMPLES])
-        await asyncio.wait_for(task, timeout=10.0)
-        record.server = await client.stats()
+            await client.send(i, frame)
+        if record.abrupt:
+            await asyncio.sleep(0.1)
+            await client.ws.close(code=4000)  # a client that drops mid-stream, no bye
+        else:
+            await asyncio.wait_for(task, timeout=10.0)
+            record.server = await client.stats()
     except (ConnectionError, asyncio.TimeoutError) as exc:
         record.error = str(exc) or type(exc).__name__
     finally:
         task.cancel()
-        record.lost = len(sent)
+        record.lost = 0 if record.abrupt else len(sent)
         await client.close()
+        if keep:
+            record.sent = (frames.reshape(-1) * 32767).astype(np.int16)
+            record.got = (out.reshape(-1) * 32767).astype(np.int16)
 
 
 async def load_run(url: str, token: str, sessions: int, duration_s: float, speech: list[np.ndarray],
@@ -140,95 +170,41 @@ async def load_run(url: str, token: str, sessions: int, duration_s: float, speec
     """``sessions`` clients at once, each streaming a real utterance (looped) for ``duration_s`` in real
     time from a random phase within one frame and a random point of it; returns what each saw."""
     rng = np.random.default_rng(seed)
+    n = int(round(duration_s / 0.02))
     records = [SessionRecord() for _ in range(sessions)]
     await asyncio.gather(*(
-        _one_session(url, token, start, audio := speech[i % len(speech)], duration_s, float(rng.uniform(0, 0.02)),
-                     int(rng.integers(len(audio) // FRAME_SAMPLES)), rec)
+        _stream(url, token, start, stretch(audio := speech[i % len(speech)], int(rng.integers(len(audio) // 320)), n),
+                float(rng.uniform(0, 0.02)), rec)
         for i, rec in enumerate(records)))
     return records
 
 
-@dataclass
-class ChurnRecord:
-    """One session of a churn run: how long it lived, how it ended, what it sent and got back (PCM16)."""
-
-    frames: int = 0
-    answered: int = 0
-    missed: int = 0
-    abrupt: bool = False  # dropped the connection instead of saying bye
-    error: str = ""
-    sent: np.ndarray | None = None
-    got: np.ndarray | None = None
-    source: int = 0  # which of the speech signals it streamed
-    beside: int | None = None  # index of a session that streamed another signal at the same time
-
-
-async def _churn_session(url: str, token: str, start: dict, audio: np.ndarray, life_s: float,
-                         rng: np.random.Generator, record: ChurnRecord) -> None:
-    """Streams a random stretch of ``audio`` for ``life_s`` in real time, then says bye or drops."""
-    total = len(audio) // FRAME_SAMPLES
-    n = max(1, int(life_s / 0.02))
-    first = int(rng.integers(total))
-    frames = np.stack([audio[((first + i) % total) * FRAME_SAMPLES:][:FRAME_SAMPLES] for i in range(n)])
-    out = np.zeros_like(frames)
-    record.frames = n
-    record.sent = (frames.reshape(-1) * 32767).astype(np.int16)
-    try:
-        client = await ServeClient.open(url, token, start)
-    except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
-        record.error = str(exc) or type(exc).__name__
-        return
-
-    async def reader():
-        while record.answered < n:
-            seq, y = await client.receive(timeout=10.0)
-            out[seq] = y
-            record.answered += 1
-
-    task = asyncio.create_task(reader())
-    try:
-        t0 = time.monotonic()
-        for i in range(n):
-            await asyncio.sleep(max(0.0, t0 + 0.02 * i - time.monotonic()))
-            await client.send(i, frames[i])
-        if record.abrupt:
-            await asyncio.sleep(0.1)
-            await client.ws.close(code=4000)  # a client that drops mid-stream, no bye
-        else:
-            await asyncio.wait_for(task, timeout=10.0)
-            record.missed = (await client.stats()).get("missed_deadlines", 0)
-    except (ConnectionError, asyncio.TimeoutError) as exc:
-        record.error = str(exc) or type(exc).__name__
-    finally:
-        task.cancel()
-        await client.close()
-        record.got = (out.reshape(-1) * 32767).astype(np.int16)
-
-
 async def churn_run(url: str, token: str, concurrent: int, duration_s: float, speech: list[np.ndarray],
                     start: dict, seed: int = 0, life_s: tuple[float, float] = (2.0, 20.0),
-                    abrupt_share: float = 0.3, on_progress=None) -> list[ChurnRecord]:
+                    abrupt_share: float = 0.3, on_progress=None) -> list[SessionRecord]:
     """``concurrent`` slots, each opening a session that lives a random ``life_s`` (streaming real speech from
     a random point), ending it (``abrupt_share`` of them by dropping the connection), and opening the next,
     until ``duration_s`` has passed. Each record notes a session that streamed another of the ``speech``
     signals beside it (:func:`churn_scores`)."""
     rng = np.random.default_rng(seed)
-    records: list[ChurnRecord] = []
+    records: list[SessionRecord] = []
     active: set[int] = set()
     t_end = time.monotonic() + duration_s
 
     async def slot() -> None:
         await asyncio.sleep(float(rng.uniform(0, 1.0)))
         while time.monotonic() < t_end:
-            record = ChurnRecord(abrupt=bool(rng.random() < abrupt_share), source=int(rng.integers(len(speech))))
+            record = SessionRecord(abrupt=bool(rng.random() < abrupt_share), source=int(rng.integers(len(speech))))
             index = len(records)
             records.append(record)
             others = [i for i in sorted(active) if records[i].source != record.source]
             record.beside = others[int(rng.integers(len(others)))] if others else None
             active.add(index)
             life = min(float(rng.uniform(*life_s)), max(0.5, t_end - time.monotonic()))
+            audio = speech[record.source]
+            frames = stretch(audio, int(rng.integers(len(audio) // FRAME_SAMPLES)), max(1, int(life / 0.02)))
             try:
-                await _churn_session(url, token, start, speech[record.source], life, rng, record)
+                await _stream(url, token, start, frames, 0.0, record, keep=True)
             finally:
                 active.discard(index)
             if on_progress is not None:
@@ -238,7 +214,7 @@ async def churn_run(url: str, token: str, concurrent: int, duration_s: float, sp
     return records
 
 
-def churn_scores(records: list[ChurnRecord], window_s: float = 0.5) -> list[tuple[float, float]]:
+def churn_scores(records: list[SessionRecord], window_s: float = 0.5) -> list[tuple[float, float]]:
     """Per session: how much its output repeats its own input (:func:`rtanon.analysis.windowed_max_xcorr`), and
     how much any half-second of it repeats the input of the session beside it, at any offset (what must never
     leak from one session to another). A copy scores 1."""
