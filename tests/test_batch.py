@@ -110,3 +110,17 @@ def test_the_allpass_kernel_is_scipys_sosfilt_chunk_after_chunk(speech):
     x = speech[: 320 * 50].astype(np.float32)
     got = np.concatenate([stage.process(c) for c in x.reshape(-1, 320)])
     np.testing.assert_allclose(got, sosfilt(stage._sos, x).astype(np.float32), atol=1e-6)
+
+
+def test_without_onnx_the_content_rows_run_one_by_one_with_the_same_result(speech):
+    from rtanon.content.stream import ContentEncoderModel, _RowByRow
+
+    model = ContentEncoderModel()
+    rows = [(speech[i * 640: i * 640 + 640].astype(np.float32), model.init_state()) for i in range(3)]
+    batched = model.run_batch(rows)  # the graph with a free batch axis (onnx is installed here)
+    model._batched = _RowByRow(model)  # what _batched_session gives where onnx is missing
+    for (probs, z, state), (probs1, z1, state1) in zip(batched, model.run_batch(rows)):
+        np.testing.assert_allclose(z1, z, atol=1e-4)
+        for a, b in zip(state1, state):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, atol=1e-4)
