@@ -113,12 +113,14 @@ def hidden_modules(installed_extras) -> list[str]:
 
 
 def env_without_extras(tmp: Path, installed_extras, base_env: dict | None = None) -> dict:
-    """An environment for ``python -m rtanon`` (the source tree's) where only ``installed_extras`` are
+    """An environment for ``python -m rtanon`` (the rtanon this process imports) where only ``installed_extras`` are
     importable of rtanon's extras."""
     site = tmp / "hide-extras"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     env = dict(base_env or os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "src")])
+    # the rtanon this process imports (the source tree, or the installed package with its built extension)
+    package_parent = Path(__import__("rtanon").__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(package_parent)])
     env["RTANON_TEST_HIDDEN_MODULES"] = ",".join(hidden_modules(installed_extras))
     return env

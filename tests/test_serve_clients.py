@@ -33,7 +33,9 @@ from rtanon.analysis import windowed_max_xcorr as raw_voice_score  # noqa: E402
 from test_serve import TOKEN, Running  # noqa: E402
 
 RATE = 16000
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+#: where this process imports rtanon from (the source tree, or the installed package with its built extension):
+#: the children import the same one
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__import__("rtanon").__file__)))
 #: what a thin client must not load: the model runtimes
 MODEL_RUNTIMES = ("onnxruntime", "onnx", "torch", "numba", "sklearn")
 #: a prelude that makes importing any of MODEL_RUNTIMES fail, and lists the attempts at exit

@@ -20,7 +20,9 @@ pytest.importorskip("aiohttp")
 from rtanon.serve.client import ServeClient  # noqa: E402
 
 TOKEN = "ray-test-token-" + "y" * 20
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+#: where this process imports rtanon from (the source tree, or the installed package with its built extension):
+#: the children import the same one
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__import__("rtanon").__file__)))
 
 
 def free_port() -> int:

@@ -45,7 +45,8 @@ EXIT_CODES = (
 
 def extra_providing(module: str, command: str = "") -> str | None:
     """The pip extra of rtanon that installs the (missing) top-level ``module``, from the installed rtanon's
-    metadata (the extras of pyproject.toml); ``command``'s own extra where several do; None when no extra
+    metadata (the extras of pyproject.toml); ``command``'s own extra where several do, else the first that asks
+    for the plain package (``corpus``'s ray before ``serve-ray``'s ray[serve]); None when no extra
     does (a base dependency, or rtanon's own code: a bug) or rtanon is not installed."""
     import re
     from importlib import metadata
@@ -62,10 +63,14 @@ def extra_providing(module: str, command: str = "") -> str | None:
             continue
         dist = m.group(1).lower().replace("_", "-").replace(".", "-")
         if dist == want or dist.startswith(want + "-"):  # pyworld from pyworld-prebuilt
-            (extras.append(m.group(2)) if m.group(2) else base.add(dist))
+            if m.group(2):  # an extra that asks for the package with extras of its own ("ray[serve]") comes last
+                extras.append((f"{dist}[" in req.lower().replace("_", "-"), m.group(2)))
+            else:
+                base.add(dist)
     if base or not extras:
         return None
-    return command if command in extras else extras[0]
+    names = [name for _, name in sorted(extras, key=lambda e: e[0])]
+    return command if command in names else names[0]
 
 
 class _Parser(argparse.ArgumentParser):
