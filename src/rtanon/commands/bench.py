@@ -48,8 +48,6 @@ def register(sub) -> None:
                         "stream 2-20 s of speech and close (a third without a bye) at random for --serve-seconds; "
                         "checks the server's memory and descriptors and that no output repeats its own or "
                         "another session's input")
-    p.add_argument("--serve-threads", type=int, default=None, metavar="N",
-                   help="with --serve: the server's --threads (default: its own, 1)")
     p.add_argument("--serve-seconds", type=float, default=60.0, metavar="S",
                    help="with --serve: length of each trial (default: 60)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")

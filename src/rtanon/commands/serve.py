@@ -44,9 +44,6 @@ def register(sub) -> None:
                         "network only)")
     p.add_argument("--max-sessions", type=int, default=d.max_sessions,
                    help=f"sessions served at once; more are refused with 503 (default: {d.max_sessions})")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="ONNX Runtime threads for each batched call of the content encoder and the vocoder "
-                        "(default: 1; more where the machine has cores to spare beside the tick)")
     p.add_argument("--deadline-ms", type=int, default=d.deadline_ms,
                    help="a frame answered later than this after it arrived gets comfort noise instead "
                         f"(default: {d.deadline_ms})")
@@ -113,8 +110,6 @@ def run(args) -> int:
     import ssl
     import sys
 
-    from dataclasses import replace
-
     from rtanon.commands._common import config_from_args
     from rtanon.errors import CliError
     from rtanon.paths import printable
@@ -152,9 +147,6 @@ def run(args) -> int:
             raise CliError(f"--certfile/--keyfile: {exc}") from None
     token = read_token(args.token_file, say)
     base = config_from_args(args)
-    if args.threads < 1:
-        raise CliError(f"--threads {args.threads}: use 1 or more")
-    base = replace(base, neural=replace(base.neural, threads=args.threads))
     if args.ray_address is not None:
         return run_on_ray(args, config, token, base, say)
     if args.replicas != 1:

@@ -133,8 +133,6 @@ def engine_args_of(args) -> list[str]:
     """The engine options of ``rtanon bench`` that ``rtanon serve`` takes too."""
     out = ["--method", args.method, "--privacy", args.privacy, "--backend", args.backend,
            "--accelerator", args.accelerator]
-    if args.serve_threads:
-        out += ["--threads", str(args.serve_threads)]
     if args.vocoder:
         out += ["--vocoder", args.vocoder]
     if args.content:
