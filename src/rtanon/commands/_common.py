@@ -8,12 +8,16 @@ from dataclasses import replace
 from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, AnonymizerConfig, NeuralConfig, StreamConfig
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
+    """The engine's options; ``chunk=False`` for a command whose chunk is fixed (the default one)."""
     default = AnonymizerConfig()
     p.add_argument("--method", default=default.method, choices=METHOD_NAMES,
                    help=f"anonymization method (default: {default.method})")
-    p.add_argument("--chunk-ms", type=int, default=default.stream.chunk_ms, choices=ALLOWED_CHUNK_MS,
-                   help=f"processing chunk in ms; also the buffering delay (default: {default.stream.chunk_ms})")
+    if chunk:
+        p.add_argument("--chunk-ms", type=int, default=default.stream.chunk_ms, choices=ALLOWED_CHUNK_MS,
+                       help=f"processing chunk in ms; also the buffering delay (default: {default.stream.chunk_ms})")
+    else:
+        p.set_defaults(chunk_ms=default.stream.chunk_ms)
     n = default.neural
     p.add_argument("--privacy", default=n.privacy, choices=PRIVACY_POINTS,
                    help=f"neural method: which shipped vocoder (default: {n.privacy}). balanced also reads the "

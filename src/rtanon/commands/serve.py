@@ -58,7 +58,7 @@ def register(sub) -> None:
                      help="with --ray-address: CPU cores Ray reserves for each replica (default: 1)")
     ray.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
                      help="with --ray-address: GPUs per replica (default: 0; 1 for one replica per GPU)")
-    add_engine_args(p)
+    add_engine_args(p, chunk=False)  # the protocol's 20 ms frames are the chunk
     p.set_defaults(func=run)
 
 
@@ -124,8 +124,6 @@ def run(args) -> int:
     def say(text: str) -> None:
         print(f"rtanon serve: {text}", file=sys.stderr, flush=True)
 
-    if args.chunk_ms != 20:
-        raise CliError("--chunk-ms: rtanon serve runs 20 ms frames")
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port {args.port}: use 0 to 65535")
     if (args.certfile is None) != (args.keyfile is None):
