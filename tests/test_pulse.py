@@ -175,12 +175,20 @@ def test_bench_e2e_measures_a_latency(server):
     # the bench measures again when its reference, the fake microphone's recording, lost samples on a loaded
     # machine (a fresh-clone CI run once recorded it at 0.24 correlation with what was played)
     _start(server).__exit__(None, None, None)  # the bench starts its own; skip where it cannot start
-    proc = _rtanon(None, "bench", "--e2e", "--server", server, "--seconds", "3", "--json", timeout=300)
+    proc = _rtanon(None, "bench", "--e2e", "--server", server, "--seconds", "3", "--e2e-seconds", "10", "--json",
+                   timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    parts = result["delay_parts_ms"]
     print(f"\n{server}: microphone -> virtual microphone {result['e2e_latency_ms']:.0f} ms ({result['method']}), "
-          f"{result['attempts']} attempt(s)")
+          f"{result['attempts']} attempt(s); parts {parts}, sum {result['delay_parts_sum_ms']:.0f} ms")
     assert result["server"] == server
     assert 1 <= result["attempts"] <= 3
     assert 30.0 <= result["e2e_latency_ms"] < 1000.0  # at least the algorithmic latency
+    # the budget: every part reported, and together they account for the delay measured from the recordings
+    assert result["e2e_windows"] >= 3 and result["e2e_p99_ms"] >= result["e2e_latency_ms"]
+    assert parts["algorithmic_ms"] == result["algorithmic_latency_ms"]
+    assert all(parts[k] is not None and parts[k] >= 0 for k in parts), parts
+    assert abs(result["delay_parts_sum_ms"] - result["e2e_latency_ms"]) < 30.0
+    assert "missed deadlines" in proc.stdout and "sum of the parts" in proc.stdout
     assert result["xcorr_mic_vs_played"] > 0.6 > result["xcorr_anon_vs_played"]

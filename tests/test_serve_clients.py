@@ -27,7 +27,7 @@ pytest.importorskip("aiohttp")
 from rtanon.analysis import envelope_delay_s, max_xcorr  # noqa: E402
 from rtanon.audio_io import read_audio  # noqa: E402
 from rtanon.config import AnonymizerConfig, McAdamsConfig  # noqa: E402
-from rtanon.live import LiveCore  # noqa: E402
+from rtanon.live import LiveConfig, LiveCore  # noqa: E402
 from rtanon.serve.remote import RemoteConfig, RemoteSession  # noqa: E402
 from rtanon.analysis import windowed_max_xcorr as raw_voice_score  # noqa: E402
 from test_serve import TOKEN, Running  # noqa: E402
@@ -118,7 +118,7 @@ def test_connect_loop_plays_the_pseudo_voice_behind_its_stated_delay(server, spe
     y_local = drive(LiveCore(local, RATE, RATE), x[: 6 * RATE])
     heard = envelope_delay_s(x[: len(y)], y, max_delay_s=0.5)
     heard_local = envelope_delay_s(x[: len(y_local)], y_local, max_delay_s=0.5)
-    stated = remote.algorithmic_latency_samples / RATE + 0.020  # + LiveConfig.jitter_ms
+    stated = remote.algorithmic_latency_samples / RATE + LiveConfig().jitter_ms / 1000  # + the queue's margin
     print(f"\nconnect: heard {1000 * heard:.0f} ms behind the input (stated {1000 * stated:.0f}; local live "
           f"{1000 * heard_local:.0f}: added {1000 * (heard - heard_local):.0f} ms); round trip p50 "
           f"{stats['round_trip_ms_p50']} ms p99 {stats['round_trip_ms_p99']} ms; missed {stats['missed_deadlines']} "

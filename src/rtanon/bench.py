@@ -8,20 +8,20 @@ the stages' ``latency_samples`` plus one chunk of buffering.
 ``bench_stage`` times one registered stage alone (``--stage NAME``).
 
 ``measure_e2e`` measures microphone-to-virtual-microphone latency through a
-private PulseAudio daemon: a fake microphone (null sink monitor) fed with
-speech, ``rtanon live`` between it and the rtanon virtual device, and both the
-fake microphone and the rtanon microphone recorded in one process with
-PortAudio timestamps. The delay comes from cross-correlating their energy
-envelopes (robust to the voice change).
+private PulseAudio (or PipeWire) daemon: a fake microphone (null sink monitor)
+fed with looped speech, ``rtanon live`` between it and the rtanon virtual
+device, and both the fake microphone and the rtanon microphone recorded in one
+process with PortAudio timestamps. The delay comes from cross-correlating their
+energy envelopes (robust to the voice change) window by window; beside it, the
+parts that ``rtanon live`` reports (algorithmic, compute, its output queue, the
+audio server's input and output latency) make the delay budget.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -181,36 +181,50 @@ def bench_stage(name: str, config: AnonymizerConfig, signal: np.ndarray) -> dict
 
 #: the fake microphone's recording is the end-to-end reference only when it matches what was played this well
 MIN_REFERENCE_XCORR = 0.6
+#: the measured delay: one figure per window of speech (hop half a window), their median and 99th percentile
+E2E_WINDOW_S, E2E_SETTLE_S, E2E_MAX_DELAY_S = 4.0, 2.0, 0.5
+#: the parts of the delay, in the order the table adds them: live's status field and what it is
+DELAY_PARTS = (("algorithmic_ms", "algorithmic (chunk + lookahead)"),
+               ("compute_p50_ms", "compute per chunk (median)"),
+               ("queue_wait_ms", "rtanon's output queue (median wait)"),
+               ("device_in_ms", "input latency (audio server)"),
+               ("device_out_ms", "output latency (audio server)"))
 
 
-def measure_e2e(method: str, chunk_ms: int, seconds: float = 8.0, seed: int = 0, attempts: int = 3,
-                server: str = "pulseaudio") -> dict:
-    """Microphone-to-virtual-microphone latency through a private sound server (``server``: a name of
-    ``rtanon.pulse.DAEMONS``, PulseAudio or PipeWire with pipewire-pulse). The recording of the fake
-    microphone is the reference: when it is not a faithful copy of what was played (a busy machine drops
-    its samples), measure again, at most ``attempts`` times in all; ``attempts`` in the result says how
-    many it took."""
+def measure_e2e(method: str, chunk_ms: int, seconds: float = 20.0, seed: int = 0, attempts: int = 3,
+                server: str = "pulseaudio", live_args: tuple[str, ...] = (), progress=None) -> dict:
+    """Microphone-to-virtual-microphone delay through a private sound server (``server``: a name of
+    ``rtanon.pulse.DAEMONS``, PulseAudio or PipeWire with pipewire-pulse) over ``seconds`` of looped
+    speech, with its budget: the parts ``rtanon live`` reports (``DELAY_PARTS``, medians of its status)
+    beside the delay measured from the recordings (per window). The recording of the fake microphone is
+    the reference: when it is not a faithful copy of what was played (a busy machine drops its samples),
+    measure again, at most ``attempts`` times in all; ``attempts`` in the result says how many it took.
+    ``live_args``: more options for ``rtanon live``; ``progress(text)``: called about once a second."""
     for attempt in range(1, attempts + 1):
-        result = _measure_e2e_once(method, chunk_ms, seconds, seed, server)
+        result = _measure_e2e_once(method, chunk_ms, seconds, seed, server, live_args, progress)
         if result["xcorr_mic_vs_played"] > MIN_REFERENCE_XCORR:
             break
     return {**result, "attempts": attempt}
 
 
-def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, server: str) -> dict:
+def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, server: str,
+                      live_args: tuple[str, ...], progress) -> dict:
+    import json
     import os
-
-    import soundfile as sf
+    import queue
+    import threading
 
     from rtanon import pulse
-    from rtanon.analysis import envelope_delay_s, max_xcorr
+    from rtanon.analysis import max_xcorr
+    from rtanon.audio_io import read_audio
+    from rtanon.resources import demo_speech_path
+    from rtanon.soak import pump_lines
 
-    speech = speech_signal(seconds)
-    gap = np.zeros(SAMPLE_RATE_HZ // 2, np.float32)
-    played = np.concatenate((gap, speech, gap))
-    with tempfile.TemporaryDirectory(prefix="rtanon-e2e-") as tmp, pulse.DAEMONS[server]() as pd:
-        wav = Path(tmp) / "mic.wav"
-        sf.write(wav, played, SAMPLE_RATE_HZ)
+    with demo_speech_path() as p:
+        utterance = read_audio(p)
+    played = np.concatenate((utterance, np.zeros(SAMPLE_RATE_HZ // 2, np.float32)))
+    lines: queue.Queue = queue.Queue()
+    with pulse.DAEMONS[server]() as pd:
         pd.load_null_sink("rtanon_fake_mic", SAMPLE_RATE_HZ)
         pulse.create(pd.env)
         saved = dict(os.environ)
@@ -218,34 +232,89 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
         os.environ.update(pd.env)
         live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:rtanon_fake_mic.monitor",
                                  "--output", "rtanon", "--method", method, "--chunk-ms", str(chunk_ms),
-                                 "--seed", str(seed), "--quiet", "--duration", str(seconds + 4.0)],
+                                 "--seed", str(seed), "--quiet", "--json-status", "--status-interval", "0.25",
+                                 "--duration", str(seconds + 3.0), *live_args],
                                 env=pd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        player = pulse.LoopPlayer("rtanon_fake_mic", played, pd.env)
+        err_tail: list[str] = []
         try:
             for line in live.stderr:  # wait until its streams are open
+                err_tail.append(line)
                 if "running" in line:
                     break
+            else:
+                raise RuntimeError(f"rtanon live exited at start-up: {''.join(err_tail)[-1500:]}")
+            threading.Thread(target=pump_lines, args=(live.stdout, lines), daemon=True).start()
+            threading.Thread(target=pump_lines, args=(live.stderr, None, err_tail), daemon=True).start()
             mic = pulse.SourceRecorder("rtanon_fake_mic.monitor")
             anon = pulse.SourceRecorder(pulse.SOURCE_NAME)
             with mic.stream, anon.stream:
                 time.sleep(0.3)
-                subprocess.run(["paplay", "--device=rtanon_fake_mic", str(wav)], env=pd.env, check=True)
+                t_play = time.monotonic()
+                player.start()
+                while (left := seconds - (time.monotonic() - t_play)) > 0:
+                    time.sleep(min(1.0, left))
+                    if progress is not None:
+                        progress(f"{min(seconds, time.monotonic() - t_play):5.0f}/{seconds:.0f} s")
+                player.stop()
                 time.sleep(0.8)
-            live_out, _ = live.communicate(timeout=60)
+            live.wait(timeout=60)
         finally:
+            player.stop()
             if live.poll() is None:
                 live.kill()
+                live.wait()
             os.environ.clear()
             os.environ.update(saved)
+    status = []
+    while not lines.empty():
+        try:
+            row = json.loads(lines.get()[1])
+        except ValueError:  # the closing summary line
+            continue
+        status.append(row)
     t0 = min(mic.placed()[0][0], anon.placed()[0][0])
     x_mic, x_anon = mic.timeline(t0), anon.timeline(t0)
     n = min(x_mic.shape[0], x_anon.shape[0])
-    delay = envelope_delay_s(x_mic[:n], x_anon[:n])
-    return {"e2e_latency_ms": 1000.0 * delay, "server": server, "method": method, "chunk_ms": chunk_ms,
+    windows = _window_delays_ms(x_mic[:n], x_anon[:n], int((t_play - t0) * SAMPLE_RATE_HZ))
+    steady = [r for r in status if r["t"] >= E2E_SETTLE_S] or status
+    parts = {key: _median([r.get(key) for r in steady]) for key, _ in DELAY_PARTS}
+    last = status[-1] if status else {}
+    blocks = max(1, int(1000 * last.get("t", seconds) / 10))  # the output callbacks (10 ms blocks)
+    missed = int(last.get("missed_deadlines", 0))
+    return {"e2e_latency_ms": _median(windows), "e2e_p99_ms": _percentile(windows, 99), "e2e_windows": len(windows),
+            "e2e_window_delays_ms": [round(d, 1) for d in windows],
+            "e2e_seconds": seconds, "server": server, "method": method, "chunk_ms": chunk_ms,
+            "delay_parts_ms": parts, "delay_parts_sum_ms": round(sum(v or 0.0 for v in parts.values()), 1),
+            "missed_deadlines": missed, "missed_pct": 100.0 * missed / blocks,
+            "xruns": int(last.get("input_overflows", 0)) + int(last.get("output_underflows", 0)),
             "recorded_s": n / SAMPLE_RATE_HZ,
-            "xcorr_mic_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_mic),
-            "xcorr_anon_vs_played": max_xcorr(speech[: 3 * SAMPLE_RATE_HZ], x_anon),
+            "xcorr_mic_vs_played": max_xcorr(utterance[: 3 * SAMPLE_RATE_HZ], x_mic),
+            "xcorr_anon_vs_played": max_xcorr(utterance[: 3 * SAMPLE_RATE_HZ], x_anon),
             "recorder_overflows": mic.overflows + anon.overflows,
-            "live_summary": live_out.strip().splitlines()[-1] if live_out.strip() else ""}
+            "live_summary": err_tail[-1].strip() if err_tail else ""}
+
+
+def _window_delays_ms(x_mic: np.ndarray, x_anon: np.ndarray, start: int) -> list[float]:
+    """The delay of ``x_anon`` behind ``x_mic`` in each window (hop half a window) from ``start`` on where
+    the microphone carries speech."""
+    from rtanon.analysis import envelope_delay_s
+
+    w = int(E2E_WINDOW_S * SAMPLE_RATE_HZ)
+    out = []
+    for i in range(max(0, start), x_mic.shape[0] - w + 1, w // 2):
+        if np.sqrt(np.mean(np.square(x_mic[i : i + w]))) > 10 ** (-40 / 20):
+            out.append(1000.0 * envelope_delay_s(x_mic[i : i + w], x_anon[i : i + w], max_delay_s=E2E_MAX_DELAY_S))
+    return out
+
+
+def _median(values) -> float | None:
+    return _percentile(values, 50)
+
+
+def _percentile(values, q: float) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(float(np.percentile(values, q)), 2) if values else None
 
 
 def bench_streams(anonymizer: Anonymizer, max_streams: int = 64, calls: int = 200,

@@ -18,7 +18,9 @@ import os
 import sys
 import threading
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import soxr
@@ -30,44 +32,106 @@ from rtanon.engine import Session
 
 @dataclass(frozen=True)
 class LiveConfig:
-    """``jitter_ms``: processed audio queued ahead of the output callback once
-    audio flows (absorbs worker and device block jitter); ``max_queue_ms``:
-    beyond this the queue is trimmed (clock drift between devices);
-    ``block_ms``: device callback size; ``resampler_quality``: soxr quality
-    for device rates other than 16 kHz (``"LQ"`` keeps its delay low)."""
+    """How the live loop queues processed audio for the output device (an adaptive jitter buffer).
 
-    jitter_ms: int = 20
+    ``jitter_ms``: the margin of processed audio the output queue keeps after every output callback, at
+    least; it grows by what was missing at each underflow (up to ``max_jitter_ms``) and shrinks back by
+    ``jitter_step_ms`` every ``steady_s`` without one. Every ``window_s`` the queue gives back what it held
+    beyond the margin throughout the window, only while everything queued is non-speech (comfort noise:
+    never a word cut). ``max_queue_ms``: beyond this the queue is trimmed at once (clock drift between
+    devices); ``block_ms``: device callback size; ``server_latency_ms``: the buffering rtanon asks the
+    audio server for on its own streams (``server_latency``; 0: the server's default); ``resampler_quality``:
+    soxr quality for device rates other than 16 kHz (``"LQ"`` keeps its delay low).
+
+    The defaults come from ``rtanon bench --e2e`` on a 2-core machine (docs/lab-notes/live-delay.md):
+    a 20 ms margin and the server's default buffering cost 40-50 ms more than 5 and 15 ms with no
+    more missed deadlines; below 15 ms PulseAudio reported hundreds of xruns a minute."""
+
+    jitter_ms: int = 5
+    max_jitter_ms: int = 80
+    jitter_step_ms: int = 2
+    steady_s: float = 10.0
+    window_s: float = 1.0
     max_queue_ms: int = 200
     block_ms: int = 10
+    server_latency_ms: int = 15
     resampler_quality: str = "LQ"
 
     def validate(self) -> None:
-        if not 0 <= self.jitter_ms <= 500:
-            raise ConfigError(f"jitter_ms={self.jitter_ms}; use 0 to 500 ms")
-        if not self.jitter_ms < self.max_queue_ms <= 2000:
-            raise ConfigError(f"max_queue_ms={self.max_queue_ms}; use more than jitter_ms and at most 2000")
+        if not 0 <= self.jitter_ms <= self.max_jitter_ms <= 500:
+            raise ConfigError(f"jitter_ms={self.jitter_ms}, max_jitter_ms={self.max_jitter_ms}; use "
+                              "0 <= jitter_ms <= max_jitter_ms <= 500 ms")
+        if not self.max_jitter_ms < self.max_queue_ms <= 2000:
+            raise ConfigError(f"max_queue_ms={self.max_queue_ms}; use more than max_jitter_ms and at most 2000")
+        if not (1 <= self.jitter_step_ms <= 50 and 0.2 <= self.window_s <= self.steady_s <= 600):
+            raise ConfigError(f"jitter_step_ms={self.jitter_step_ms}, window_s={self.window_s}, steady_s="
+                              f"{self.steady_s}; use 1 to 50 ms and 0.2 <= window_s <= steady_s <= 600 s")
         if not 2 <= self.block_ms <= 40:
             raise ConfigError(f"block_ms={self.block_ms}; use 2 to 40 ms")
+        if not (self.server_latency_ms == 0 or 5 <= self.server_latency_ms <= 500):
+            raise ConfigError(f"server_latency_ms={self.server_latency_ms}; use 0 (the server's default) or 5 to 500")
         if self.resampler_quality not in ("QQ", "LQ", "MQ", "HQ", "VHQ"):
             raise ConfigError(f"resampler_quality={self.resampler_quality!r}; use QQ, LQ, MQ, HQ or VHQ")
 
 
-class _OutputPath:
-    """One output device: a ring buffer of processed audio at its rate, the
-    resampler from 16 kHz, and comfort noise made up front (no RNG in the callback)."""
+class RecentValues:
+    """The last ``size`` values a thread records (the worker, a callback), for another thread to summarise
+    (the status line); a fixed array, so recording never allocates."""
 
-    def __init__(self, session: Session, rate_hz: int, quality: str) -> None:
+    def __init__(self, size: int = 512) -> None:
+        self._values = np.zeros(size, np.float64)
+        self._n = 0
+
+    def add(self, value: float) -> None:
+        self._values[self._n % self._values.shape[0]] = value
+        self._n += 1
+
+    @property
+    def count(self) -> int:
+        """How many values were recorded so far (a mark for ``percentile(since=...)``)."""
+        return self._n
+
+    def percentile(self, q: float, since: int | None = None) -> float | None:
+        """The ``q``-th percentile of what was recorded lately (with ``since``: after ``count`` was that,
+        as far as the array reaches back); None when nothing was."""
+        size, n = self._values.shape[0], self._n
+        k = min(n, size) if since is None else min(n - since, size)
+        if k <= 0:
+            return None
+        idx = np.arange(n - k, n) % size
+        return float(np.percentile(self._values[idx], q))
+
+
+class _OutputPath:
+    """One output device: a ring buffer of processed audio at its rate (the adaptive jitter buffer that
+    ``LiveConfig`` describes), the resampler from 16 kHz, and comfort noise made up front (no RNG in
+    the callback). ``play`` runs in the device callback, ``push`` in the worker."""
+
+    def __init__(self, session: Session, rate_hz: int, config: LiveConfig) -> None:
         self.rate_hz = int(rate_hz)
+        self.config = config
         self.ring = RingBuffer(2 * self.rate_hz)
-        self.from16 = (soxr.ResampleStream(SAMPLE_RATE_HZ, self.rate_hz, 1, dtype="float32", quality=quality)
+        self.from16 = (soxr.ResampleStream(SAMPLE_RATE_HZ, self.rate_hz, 1, dtype="float32",
+                                           quality=config.resampler_quality)
                        if self.rate_hz != SAMPLE_RATE_HZ else None)
         self.noise = np.ascontiguousarray(
             _resample_block(session.comfort_noise(SAMPLE_RATE_HZ), SAMPLE_RATE_HZ, self.rate_hz))
         self.noise_pos = 0
         self.flowing = False  # set once the worker has written processed audio
         self.mean_square = 0.0  # of the last block played (the output meter)
-        self._low_water = None  # least audio left in the queue when new audio came, this window
-        self._window_start = time.monotonic()
+        self.margin = self._samples(config.jitter_ms)  # the jitter margin now (grows on underflow)
+        self._low = None  # least audio left after an output callback this window (negative: it ran short)
+        self._low_before = None  # the same for the window before
+        self._shortfall = 0  # the largest shortfall since the worker last looked (set by the callback)
+        self._quiet = 0  # non-speech samples at the end of the queue (all of it is when >= readable)
+        self._window_start = self._last_change = self._last_read = time.monotonic()
+        self.queue_at_push_ms = RecentValues()  # audio still queued when a chunk's output arrived: its wait
+
+    #: an output device that took nothing for this long is stalled: audio queued meanwhile would only play late
+    STALL_S = 0.1
+
+    def _samples(self, ms: float) -> int:
+        return int(self.rate_hz * ms / 1000)
 
     def fill_noise(self, out: np.ndarray) -> None:
         n, pos, noise = out.shape[0], self.noise_pos, self.noise
@@ -77,8 +141,10 @@ class _OutputPath:
 
     def play(self, out: np.ndarray, muted: bool) -> bool:
         """Fills ``out``; returns False when processed audio ran short (a missed deadline)."""
+        self._last_read = time.monotonic()
         if muted:  # comfort noise from this very block on; what was queued is dropped
             self.ring.discard(self.ring.readable)
+            self.flowing = False  # unmuted, the queue fills up to the margin again
             self.fill_noise(out)
             ok = True
         else:
@@ -86,33 +152,55 @@ class _OutputPath:
             ok = got == out.shape[0] or not self.flowing
             if got < out.shape[0]:
                 self.fill_noise(out[got:])
+            if self.flowing:
+                left = self.ring.readable - (out.shape[0] - got)
+                self._low = left if self._low is None else min(self._low, left)
+                if not ok:
+                    self._shortfall = max(self._shortfall, out.shape[0] - got)
         self.mean_square = float(np.dot(out, out)) / max(1, out.shape[0])
         return ok
 
-    def push(self, y16: np.ndarray, jitter_ms: int, max_queue_ms: int, window_s: float = 2.0) -> int:
-        """Queues 16 kHz output; returns 1 when the queue had to be trimmed: beyond ``max_queue_ms``
-        (clock drift), or when for ``window_s`` it never ran below ``jitter_ms`` plus one block's worth
-        (a burst at stream start-up that would otherwise stay as extra delay)."""
+    def push(self, y16: np.ndarray, speech: bool = True) -> int:
+        """Queues 16 kHz output (``speech``: the session's gate was open for it); returns 1 when the queue
+        was trimmed: beyond ``max_queue_ms`` (clock drift), or beyond the margin while the device took nothing
+        for ``STALL_S``, or, while all of it is non-speech, what it held beyond the margin for a whole window
+        (a margin grown on an underflow, a burst)."""
+        cfg = self.config
         y = self.from16.resample_chunk(y16) if self.from16 is not None else y16
-        jitter = self.rate_hz * jitter_ms // 1000
+        now = time.monotonic()
         if not self.flowing:
-            self.ring.write(self.noise[:jitter].copy())
+            self.ring.write(self.noise[: self.margin].copy())
             self.flowing = True
-            self._window_start = time.monotonic()
-        left = self.ring.readable
-        self._low_water = left if self._low_water is None else min(self._low_water, left)
+            self._window_start = self._last_change = now
+        self.queue_at_push_ms.add(1000.0 * self.ring.readable / self.rate_hz)
         self.ring.write(np.ascontiguousarray(y, np.float32))
-        excess = self.ring.readable - self.rate_hz * max_queue_ms // 1000
-        if excess > 0:
+        self._quiet = 0 if speech else self._quiet + y.shape[0]
+        shortfall, self._shortfall = self._shortfall, 0
+        if shortfall:  # the audio after it is already later by the shortfall; keep that much more
+            self.margin = min(self.margin + shortfall, self._samples(cfg.max_jitter_ms))
+            self._last_change = now
+        elif now - self._last_change >= cfg.steady_s:
+            self.margin = max(self._samples(cfg.jitter_ms), self.margin - self._samples(cfg.jitter_step_ms))
+            self._last_change = now
+        stalled = now - self._last_read > self.STALL_S  # the device takes nothing (starting, stuck, gone)
+        excess = self.ring.readable - (self.margin if stalled else self._samples(cfg.max_queue_ms))
+        if excess > 0:  # what would play late: the newest audio stays
             self.ring.discard(excess)
             return 1
-        if time.monotonic() - self._window_start >= window_s:
-            surplus, self._low_water = self._low_water - jitter - y.shape[0], None
-            self._window_start = time.monotonic()
-            if surplus > 0:
-                self.ring.discard(surplus)
-                return 1
-        return 0
+        if now - self._window_start >= cfg.window_s:
+            self._low_before, self._low = self._low, None
+            self._window_start = now
+        if shortfall or self._low_before is None or self._quiet < self.ring.readable:
+            return 0
+        low = self._low_before if self._low is None else min(self._low_before, self._low)
+        surplus = low - self.margin  # held beyond the margin for at least a whole window
+        if surplus <= 0:
+            return 0
+        self.ring.discard(surplus)
+        self._low_before -= surplus
+        if self._low is not None:
+            self._low -= surplus
+        return 1
 
 
 class LiveCore:
@@ -136,7 +224,7 @@ class LiveCore:
         q = self.config.resampler_quality
         self._to16 = (soxr.ResampleStream(self.in_rate_hz, SAMPLE_RATE_HZ, 1, dtype="float32", quality=q)
                       if self.in_rate_hz != SAMPLE_RATE_HZ else None)
-        self._out = _OutputPath(session, self.out_rate_hz, q)
+        self._out = _OutputPath(session, self.out_rate_hz, self.config)
         self._monitor: _OutputPath | None = None
         self._pending = np.zeros(0, np.float32)
         self._next_session: tuple[Session, bool] | None = None
@@ -149,6 +237,7 @@ class LiveCore:
         self.input_skips = 0
         self.worker_errors = 0
         self.session_swaps = 0
+        self.compute_ms = RecentValues()  # the worker's time per chunk (the session's stages)
         self.interrupted = False  # run_live: Ctrl-C ended the loop
 
     # -- callbacks: copies only ------------------------------------------------
@@ -174,8 +263,7 @@ class LiveCore:
     # -- controls ----------------------------------------------------------------
     def set_monitor(self, rate_hz: int | None) -> None:
         """Starts (a rate) or stops (None) feeding a monitor output."""
-        self._monitor = None if rate_hz is None else _OutputPath(self.session, rate_hz,
-                                                                 self.config.resampler_quality)
+        self._monitor = None if rate_hz is None else _OutputPath(self.session, rate_hz, self.config)
 
     def replace_session(self, session: Session, at_pause: bool = False) -> None:
         """Makes the worker continue with ``session`` (its counters become the old ones)."""
@@ -197,6 +285,9 @@ class LiveCore:
 
     # -- worker -----------------------------------------------------------------
     def start(self) -> None:
+        anonymizer = getattr(self.session, "anonymizer", None)  # a remote session (rtanon connect) has none here
+        if anonymizer is not None:
+            anonymizer.warm_up()
         self._worker = threading.Thread(target=self._run, name="rtanon-worker", daemon=True)
         self._worker.start()
 
@@ -214,6 +305,23 @@ class LiveCore:
     @property
     def queued_ms(self) -> float:
         return 1000.0 * self._out.ring.readable / self.out_rate_hz
+
+    @property
+    def queue_waits(self) -> RecentValues:
+        """How long processed audio waited in the output queue (jitter buffer included), chunk by chunk:
+        what was queued ahead of each chunk's output when it arrived, in ms."""
+        return self._out.queue_at_push_ms
+
+    @property
+    def queue_wait_ms(self) -> float | None:
+        """The median wait of late (``queue_waits``); None before audio flowed."""
+        return self._out.queue_at_push_ms.percentile(50)
+
+    def pipeline_ms(self) -> float:
+        """rtanon's own delay beyond the algorithmic one: the worker's compute per chunk plus the output
+        queue's wait (medians of late; the queue as it stands before audio flowed)."""
+        wait = self.queue_wait_ms
+        return (self.compute_ms.percentile(50) or 0.0) + (self.queued_ms if wait is None else wait)
 
     def _run(self) -> None:
         block = max(1, self.in_rate_hz * self.config.block_ms // 1000)
@@ -252,12 +360,33 @@ class LiveCore:
         self._pending = pending[usable:]
         if not usable:
             return
-        y = np.concatenate([self.session.process(c) for c in pending[:usable].reshape(-1, chunk)])
-        cfg = self.config
-        self.drift_trims += self._out.push(y, cfg.jitter_ms, cfg.max_queue_ms)
+        outs, speech = [], False
+        for c in pending[:usable].reshape(-1, chunk):
+            t0 = time.perf_counter()
+            outs.append(self.session.process(c))
+            self.compute_ms.add(1000.0 * (time.perf_counter() - t0))
+            speech = speech or self.session.last_speech
+        y = np.concatenate(outs)
+        self.drift_trims += self._out.push(y, speech)
         monitor = self._monitor
         if monitor is not None:
-            monitor.push(y, cfg.jitter_ms, cfg.max_queue_ms)
+            monitor.push(y, speech)
+
+
+@contextmanager
+def server_latency(ms: int) -> Iterator[None]:
+    """While open, the PulseAudio streams this process opens (PipeWire's too, through pipewire-pulse, which
+    turns it into the stream's ``node.latency``) ask the server for ``ms`` of buffering: libpulse reads
+    ``PULSE_LATENCY_MSEC`` when a stream connects. A value the user's environment sets is kept; 0 asks
+    for nothing."""
+    if not ms or "PULSE_LATENCY_MSEC" in os.environ:
+        yield
+        return
+    os.environ["PULSE_LATENCY_MSEC"] = str(ms)
+    try:
+        yield
+    finally:
+        os.environ.pop("PULSE_LATENCY_MSEC", None)
 
 
 def _resample_block(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
@@ -473,17 +602,34 @@ class DelayMeter:
     def __init__(self) -> None:
         self.in_s = 0.0
         self.out_s = 0.0
+        self.in_ms, self.out_ms = RecentValues(), RecentValues()  # the plausible reports, for their medians
 
     def on_input(self, time_info) -> None:
         d = time_info.currentTime - time_info.inputBufferAdcTime
         self.in_s = d if 0.0 < d < 2.0 else 0.0
+        if self.in_s:
+            self.in_ms.add(1000.0 * d)
 
     def on_output(self, time_info) -> None:
         d = time_info.outputBufferDacTime - time_info.currentTime
         self.out_s = d if 0.0 < d < 2.0 else 0.0
+        if self.out_s:
+            self.out_ms.add(1000.0 * d)
 
     def device_ms(self) -> float | None:
         return 1000.0 * (self.in_s + self.out_s) if self.in_s > 0.0 and self.out_s > 0.0 else None
+
+
+def _since_last_status(marks: dict, fields: dict[str, tuple[RecentValues, float]]) -> dict:
+    """Each field's percentile over the values recorded since the last status (``marks``: where each
+    series stood then; updated); None where none came."""
+    out = {}
+    for key, (values, q) in fields.items():
+        value = values.percentile(q, since=marks.get(key, 0))
+        out[key] = None if value is None else round(value, 2)
+    for key, (values, _) in fields.items():
+        marks[key] = values.count
+    return out
 
 
 def run_live(session: Session, input_spec: str | None, output_spec: str | None, *,
@@ -525,6 +671,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     out = DeviceStream("output", out_dev, out_env, out_rate, out_rate * config.block_ms // 1000, out_cb)
     algo_ms = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
     core.start()
+    asked = ExitStack()
+    asked.enter_context(server_latency(config.server_latency_ms))  # for every (re)opening of the streams
     try:
         for device in (out, inp):
             try:
@@ -537,7 +685,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         print(f"{name}: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
               f"{1000 * inp.latency_s:.0f}+{1000 * out.latency_s:.0f} ms, voice {session.voice}; "
               "Ctrl-C stops", file=sys.stderr, flush=True)
-        next_status = 0.0
+        next_status, marks = 0.0, {}
         while t_end is None or time.monotonic() < t_end:
             time.sleep(WATCH_INTERVAL_S if t_end is None else min(WATCH_INTERVAL_S,
                                                                   max(0.0, t_end - time.monotonic())))
@@ -552,7 +700,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
             measured = device_ms is not None
             if not measured:
                 device_ms = 1000.0 * (inp.latency_s + out.latency_s)
-            latency = algo_ms + core.queued_ms + device_ms
+            latency = algo_ms + core.pipeline_ms() + device_ms
             if stream is not None:
                 down = "".join(f" | {s.kind} DOWN" for s in (inp, out) if not s.up)
                 stream.write(f"\rin {core.level_dbfs:6.1f} dBFS | delay {'' if measured else '~'}{latency:5.1f} ms "
@@ -566,6 +714,12 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                 json_status.write(json.dumps({
                     "t": time.monotonic() - t_start, "level_dbfs": round(core.level_dbfs, 1),
                     "delay_ms": round(latency, 1), "delay_measured": measured, "algorithmic_ms": algo_ms,
+                    **_since_last_status(marks, {"compute_p50_ms": (core.compute_ms, 50),
+                                                 "compute_p99_ms": (core.compute_ms, 99),
+                                                 "queue_wait_ms": (core.queue_waits, 50),
+                                                 "device_in_ms": (delay.in_ms, 50),
+                                                 "device_out_ms": (delay.out_ms, 50)}),
+                    "device_nominal_ms": [round(1000.0 * inp.latency_s, 1), round(1000.0 * out.latency_s, 1)],
                     "chunks": counters.chunks, "speech_chunks": counters.speech_chunks,
                     "missed_deadlines": counters.missed_deadlines, "input_overflows": counters.input_overflows,
                     "output_underflows": counters.output_underflows, "stage_errors": counters.stage_errors,
@@ -579,6 +733,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         inp.close()
         out.close()
         core.stop()
+        asked.close()
         if stream is not None:
             stream.write("\n")
     return core

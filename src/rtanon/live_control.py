@@ -32,7 +32,7 @@ from rtanon.config import (ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, SAMPL
                            ConfigError, NeuralConfig, StreamConfig)
 from rtanon.engine import Anonymizer, Session
 from rtanon.errors import UserError
-from rtanon.live import LiveConfig, LiveCore, pick_rate, resolve_device
+from rtanon.live import LiveConfig, LiveCore, pick_rate, resolve_device, server_latency
 from rtanon.paths import printable, read_capped
 
 SETTINGS_NAME = "live-ui.json"
@@ -149,6 +149,7 @@ class LiveControl:
             cfg = replace(self._base, method=method, stream=StreamConfig(chunk_ms=chunk_ms),
                           neural=replace(self._base.neural, privacy=privacy))
             self._anonymizers[key] = Anonymizer(cfg)
+            self._anonymizers[key].warm_up()  # here, not as a backlog in the worker after a method change
         return self._anonymizers[key]
 
     def _new_session(self, fresh: bool = False) -> Session:
@@ -215,29 +216,30 @@ class LiveControl:
             s, session = self.settings, self.session
             counters = session.counters
             streams = []
-            try:
-                holder: dict = {}
-                in_stream, in_rate = self._open("input", s.input, lambda x: holder["core"].on_input(x), counters)
-                streams.append(in_stream)
-                out_stream, out_rate = self._open("output", s.output, lambda y: holder["core"].on_output(y),
-                                                  counters)
-                streams.append(out_stream)
-                core = LiveCore(session, in_rate, out_rate, self._live_config)
-                holder["core"] = core
-                if s.monitor is not None:
-                    mon_stream, mon_rate = self._open("output", s.monitor, core.on_monitor, counters)
-                    streams.append(mon_stream)
-                    core.set_monitor(mon_rate)
-                core.muted = self.muted
-                core.start()
-                for stream in reversed(streams):  # outputs first: they play comfort noise until audio flows
-                    stream.start()
-            except BaseException:
-                for stream in streams:
-                    stream.close()
-                if "core" in holder:
-                    holder["core"].stop()
-                raise
+            with server_latency(self._live_config.server_latency_ms):  # libpulse reads it as streams connect
+                try:
+                    holder: dict = {}
+                    in_stream, in_rate = self._open("input", s.input, lambda x: holder["core"].on_input(x), counters)
+                    streams.append(in_stream)
+                    out_stream, out_rate = self._open("output", s.output, lambda y: holder["core"].on_output(y),
+                                                      counters)
+                    streams.append(out_stream)
+                    core = LiveCore(session, in_rate, out_rate, self._live_config)
+                    holder["core"] = core
+                    if s.monitor is not None:
+                        mon_stream, mon_rate = self._open("output", s.monitor, core.on_monitor, counters)
+                        streams.append(mon_stream)
+                        core.set_monitor(mon_rate)
+                    core.muted = self.muted
+                    core.start()
+                    for stream in reversed(streams):  # outputs first: they play comfort noise until audio flows
+                        stream.start()
+                except BaseException:
+                    for stream in streams:
+                        stream.close()
+                    if "core" in holder:
+                        holder["core"].stop()
+                    raise
             self.core, self._streams = core, streams
             self._device_latency_s = in_stream.latency + out_stream.latency
             self._save()
@@ -385,7 +387,7 @@ class LiveControl:
         if core is not None:
             out.update(in_dbfs=core.level_dbfs, out_dbfs=core.out_level_dbfs, gate=session.last_speech,
                        queue_ms=core.queued_ms, errors=out["errors"] + core.worker_errors,
-                       e2e_ms=out["algorithmic_ms"] + core.queued_ms + 1000.0 * self._device_latency_s)
+                       e2e_ms=out["algorithmic_ms"] + core.pipeline_ms() + 1000.0 * self._device_latency_s)
         return out
 
     def devices(self) -> dict:

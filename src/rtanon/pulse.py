@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,6 +284,41 @@ class PipeWireDaemon(PulseDaemon):
 
 #: The private sound servers, by the name ``rtanon bench --e2e --server`` takes.
 DAEMONS = {"pulseaudio": PulseDaemon, "pipewire": PipeWireDaemon}
+
+
+class LoopPlayer:
+    """Plays ``signal`` (16 kHz mono float32) in a loop into the sink ``sink`` of the sound server that
+    ``env`` reaches, through ``pacat`` (which paces the writes), from ``start()`` until ``stop()``: a fake
+    microphone's voice for ``rtanon bench --e2e`` and ``rtanon soak``."""
+
+    def __init__(self, sink: str, signal: np.ndarray, env: dict[str, str], latency_ms: int = 100) -> None:
+        import numpy as np
+
+        self._signal = np.ascontiguousarray(signal, "<f4")
+        self._stop = threading.Event()
+        self._proc = subprocess.Popen(["pacat", "--playback", f"--device={sink}", "--format=float32le",
+                                       f"--rate={SAMPLE_RATE_HZ}", "--channels=1", f"--latency-msec={latency_ms}"],
+                                      env=env, stdin=subprocess.PIPE)
+
+    def start(self) -> None:
+        threading.Thread(target=self._feed, name="rtanon-loop-player", daemon=True).start()
+
+    def _feed(self) -> None:
+        import numpy as np
+
+        block, i = SAMPLE_RATE_HZ // 10, 0
+        try:
+            while not self._stop.is_set():
+                self._proc.stdin.write(np.take(self._signal, np.arange(i, i + block), mode="wrap").tobytes())
+                i = (i + block) % self._signal.shape[0]
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
 
 
 class SourceRecorder:

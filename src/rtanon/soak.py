@@ -167,11 +167,8 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
                "--duration", str(duration_s), *extra_live_args]
         if seed is not None:
             cmd += ["--seed", str(seed)]
-        feeder = subprocess.Popen(["pacat", "--playback", f"--device={FAKE_MIC}", "--format=float32le",
-                                   f"--rate={RATE}", "--channels=1", "--latency-msec=100"],
-                                  env=pd.env, stdin=subprocess.PIPE)
+        player = pulse.LoopPlayer(FAKE_MIC, speech, pd.env)
         live = subprocess.Popen(cmd, env=pd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        stop_feed = threading.Event()
         lines: queue.Queue = queue.Queue()
         err_tail: list[str] = []
         try:
@@ -181,12 +178,12 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
                     break
             else:
                 raise SoakError(f"rtanon live exited at start-up: {''.join(err_tail)[-1500:]}")
-            threading.Thread(target=_pump, args=(live.stdout, lines), daemon=True).start()
-            threading.Thread(target=_pump, args=(live.stderr, None, err_tail), daemon=True).start()
+            threading.Thread(target=pump_lines, args=(live.stdout, lines), daemon=True).start()
+            threading.Thread(target=pump_lines, args=(live.stderr, None, err_tail), daemon=True).start()
             mic, anon = pulse.SourceRecorder(f"{FAKE_MIC}.monitor"), pulse.SourceRecorder(f"{ANON}.monitor")
             with mic.stream, anon.stream:
                 t0 = time.monotonic()
-                threading.Thread(target=_feed, args=(feeder, speech, stop_feed), daemon=True).start()
+                player.start()
                 pending = list(faults)
                 active: list[tuple[Fault, callable]] = []
                 last_progress = 0.0
@@ -229,7 +226,7 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
             n = int((time.monotonic() - t0) * RATE)
             x, y = mic.timeline(t0, n), anon.timeline(t0, n)
         finally:
-            stop_feed.set()
+            player.stop()
             for p in busy:
                 if p.poll() is None:
                     p.kill()
@@ -241,8 +238,6 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
             except subprocess.TimeoutExpired:
                 live.kill()
                 live.wait()
-            feeder.kill()
-            feeder.wait()
             os.environ.clear()
             os.environ.update(saved)
         soak.live_rc = live.returncode
@@ -276,26 +271,14 @@ def load_kept(directory: str) -> tuple[SoakRun, np.ndarray, np.ndarray]:
     return SoakRun(**d), x, y
 
 
-def _pump(stream, q: queue.Queue | None, tail: list[str] | None = None) -> None:
+def pump_lines(stream, q: queue.Queue | None, tail: list[str] | None = None) -> None:
+    """Reads a child's text stream to its end: each line, stamped, into ``q``, or the last 50 into ``tail``."""
     for line in stream:
         if q is not None:
             q.put((time.monotonic(), line))
         else:
             tail.append(line)
             del tail[:-50]
-
-
-def _feed(feeder: subprocess.Popen, speech: np.ndarray, stop: threading.Event) -> None:
-    """Plays ``speech`` in a loop into the fake microphone (pacat paces the writes)."""
-    block = RATE // 10
-    i = 0
-    try:
-        while not stop.is_set():
-            feeder.stdin.write(np.ascontiguousarray(np.take(speech, np.arange(i, i + block), mode="wrap"),
-                                                    "<f4").tobytes())
-            i = (i + block) % speech.shape[0]
-    except (BrokenPipeError, ValueError, OSError):
-        pass
 
 
 def _start_fault(f: Fault, live, pd, mods: dict, mic_args: list, out_args: list, busy: list):

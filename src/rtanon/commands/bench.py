@@ -22,6 +22,9 @@ def register(sub) -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="audio to process (default: 30)")
     p.add_argument("--input", default=None, metavar="WAV", help="speech to use instead of the embedded sample")
     p.add_argument("--e2e", action="store_true", help="also measure end-to-end latency through PulseAudio")
+    p.add_argument("--e2e-seconds", type=float, default=20.0, metavar="S",
+                   help="--e2e: seconds of looped speech to measure over (default: 20; the delay is measured per "
+                        f"{4:.0f} s window, so longer runs give a truer p99)")
     p.add_argument("--server", choices=("pulseaudio", "pipewire"), default="pulseaudio",
                    help="--e2e: the private sound server to measure through (pipewire: pipewire, wireplumber "
                         "and pipewire-pulse; default: pulseaudio)")
@@ -159,8 +162,11 @@ def run(args) -> int:
     if args.e2e:
         if args.stage is not None:
             raise CliError("--e2e measures a whole method; drop --stage")
+        if not 5 <= args.e2e_seconds <= 7200:
+            raise CliError(f"--e2e-seconds {args.e2e_seconds}: use 5 to 7200")
         try:
-            result.update(bench.measure_e2e(args.method, args.chunk_ms, server=args.server))
+            result.update(bench.measure_e2e(args.method, args.chunk_ms, seconds=args.e2e_seconds, server=args.server,
+                                            progress=_progress_line("end to end")))
         except Exception as exc:
             from rtanon.pulse import PulseError
 
@@ -201,14 +207,36 @@ def run(args) -> int:
                   f"{r['per_stream_p50_ms']:>15.3f}  {'yes' if r['realtime'] else 'no'}")
         print(f"largest real-time batch: {st['max_realtime_streams']} sessions")
     if args.e2e:
-        print(f"end-to-end (fake mic -> rtanon live -> virtual mic, {result['server']}): "
-              f"{result['e2e_latency_ms']:.0f} ms; "
-              f"waveform similarity to the input: mic {result['xcorr_mic_vs_played']:.2f}, "
-              f"rtanon {result['xcorr_anon_vs_played']:.2f}")
-        if result["recorder_overflows"] or result["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
-            print(f"warning: the fake microphone's recording is not a faithful copy of what was played (similarity "
-                  f"{result['xcorr_mic_vs_played']:.2f}, {result['recorder_overflows']} overflows, "
-                  f"{result['attempts']} attempts: the machine was too busy); measure again on a quieter machine")
+        print_delay_budget(result)
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def _progress_line(what: str):
+    import sys
+
+    if not sys.stderr.isatty():
+        return None
+    return lambda text: print(f"\r{what}: {text}", end="", file=sys.stderr, flush=True)
+
+
+def print_delay_budget(r: dict) -> None:
+    """The end-to-end delay budget: the parts rtanon live reports, their sum, and the delay measured."""
+    from rtanon import bench
+
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    print(f"end-to-end delay, fake microphone -> rtanon live -> virtual microphone ({r['server']}, "
+          f"{r['e2e_seconds']:.0f} s of speech):")
+    for key, label in bench.DELAY_PARTS:
+        print(f"  {label:<40}{fmt(r['delay_parts_ms'][key]):>8} ms")
+    print(f"  {'sum of the parts':<40}{r['delay_parts_sum_ms']:>8.1f} ms")
+    print(f"  {'measured, median of ' + str(r['e2e_windows']) + ' windows':<40}{fmt(r['e2e_latency_ms']):>8} ms   "
+          f"p99 {fmt(r['e2e_p99_ms'])} ms")
+    print(f"  missed deadlines {r['missed_deadlines']} ({r['missed_pct']:.2f} % of the 10 ms output blocks), "
+          f"xruns {r['xruns']}; waveform similarity to the input: microphone {r['xcorr_mic_vs_played']:.2f}, "
+          f"rtanon {r['xcorr_anon_vs_played']:.2f}")
+    if r["recorder_overflows"] or r["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
+        print(f"warning: the fake microphone's recording is not a faithful copy of what was played (similarity "
+              f"{r['xcorr_mic_vs_played']:.2f}, {r['recorder_overflows']} overflows, {r['attempts']} attempts: the "
+              "machine was too busy); measure again on a quieter machine")

@@ -1,0 +1,142 @@
+"""The live loop's adaptive output queue (issue 44): a small margin kept after every output callback,
+grown by what was missing at an underflow and shrunk back when steady; trims only where nothing but
+comfort noise is queued (never a word cut), or while the device takes nothing (a stall: that audio
+would play late). Driven with a fake clock: no timing in the assertions."""
+
+import numpy as np
+import pytest
+
+from rtanon import Anonymizer
+from rtanon import live as live_mod
+from rtanon.live import LiveConfig, RecentValues, _OutputPath, server_latency
+
+RATE = 16000
+CHUNK = 320  # 20 ms
+BLOCK = 160  # 10 ms device callback
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(live_mod.time, "monotonic", c)
+    return c
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Anonymizer().open_session(seed=0)
+
+
+def _path(session, **cfg) -> _OutputPath:
+    return _OutputPath(session, RATE, LiveConfig(**cfg))
+
+
+def _ms(samples: int) -> float:
+    return 1000.0 * samples / RATE
+
+
+def _steady(path, clock, seconds, speech, chunk_value=0.1) -> list[float]:
+    """Real-time pace: one chunk pushed per 20 ms, two 10 ms callbacks after it; returns what played."""
+    played = []
+    for _ in range(int(seconds * 50)):
+        path.push(np.full(CHUNK, chunk_value, np.float32), speech=speech)
+        for _ in range(2):
+            clock.t += 0.010
+            out = np.empty(BLOCK, np.float32)
+            path.play(out, muted=False)
+            played.append(out)
+    return played
+
+
+def test_a_burst_is_given_back_only_once_everything_queued_is_non_speech(session, clock):
+    path = _path(session, jitter_ms=5)
+    for _ in range(5):  # a 100 ms burst of speech (a worker that fell behind, then caught up)
+        path.push(np.full(CHUNK, 0.1, np.float32), speech=True)
+    burst = path.ring.readable
+    _steady(path, clock, 3.0, speech=True)
+    assert path.ring.readable >= burst - 2 * BLOCK  # speech keeps its extra delay: no word is cut
+    _steady(path, clock, 3.0, speech=False)  # a pause: the extra is given back
+    assert _ms(path.ring.readable) <= 5 + 20 + 1
+
+
+def test_an_underflow_grows_the_margin_and_a_steady_path_shrinks_it_back(session, clock):
+    cfg = dict(jitter_ms=5, max_jitter_ms=40, jitter_step_ms=2, steady_s=2.0)
+    path = _path(session, **cfg)
+    _steady(path, clock, 1.0, speech=False)
+    base = path.margin
+    assert _ms(base) == 5
+    clock.t += 0.030  # the worker was 30 ms late: three callbacks find the queue short
+    for _ in range(3):
+        assert not path.play(np.empty(BLOCK, np.float32), muted=False)
+    path.push(np.full(CHUNK, 0.1, np.float32), speech=False)
+    grown = path.margin
+    assert base < grown <= path._samples(40)
+    _steady(path, clock, 2.5, speech=False)
+    assert path.margin == grown - path._samples(2)  # one step back after steady_s without an underflow
+    _steady(path, clock, 60.0, speech=False)
+    assert path.margin == base
+
+
+def test_a_stalled_device_does_not_bank_late_audio(session, clock):
+    path = _path(session, jitter_ms=5)
+    _steady(path, clock, 0.5, speech=True)
+    for _ in range(20):  # 400 ms of speech while the output device takes nothing
+        clock.t += 0.020
+        path.push(np.full(CHUNK, 0.1, np.float32), speech=True)
+    assert _ms(path.ring.readable) <= 5 + 20  # the newest audio only: it plays in time when the device is back
+    assert path.ring.readable > 0
+
+
+def test_the_queue_never_plays_the_input_or_silence_when_it_runs_short(session, clock):
+    path = _path(session, jitter_ms=0)
+    path.push(np.full(CHUNK, 0.5, np.float32), speech=True)
+    out = np.empty(3 * CHUNK, np.float32)
+    assert not path.play(out, muted=False)
+    assert np.all(out[:CHUNK] == 0.5)
+    assert np.isfinite(out).all() and 0 < np.abs(out[CHUNK:]).max() < 0.05  # comfort noise after it
+
+
+def test_recent_values_summarise_the_latest_or_those_since_a_mark():
+    v = RecentValues(size=4)
+    assert v.percentile(50) is None
+    for x in (1.0, 2.0, 3.0):
+        v.add(x)
+    mark = v.count
+    assert v.percentile(50, since=mark) is None
+    for x in (10.0, 20.0, 30.0):
+        v.add(x)
+    assert v.percentile(50, since=mark) == 20.0
+    assert v.percentile(0) == 3.0  # the array keeps the last four
+
+
+def test_server_latency_is_asked_for_while_open_and_a_users_value_is_kept(monkeypatch):
+    monkeypatch.delenv("PULSE_LATENCY_MSEC", raising=False)
+    import os
+
+    with server_latency(15):
+        assert os.environ["PULSE_LATENCY_MSEC"] == "15"
+    assert "PULSE_LATENCY_MSEC" not in os.environ
+    with server_latency(0):
+        assert "PULSE_LATENCY_MSEC" not in os.environ
+    monkeypatch.setenv("PULSE_LATENCY_MSEC", "60")
+    with server_latency(15):
+        assert os.environ["PULSE_LATENCY_MSEC"] == "60"
+    assert os.environ["PULSE_LATENCY_MSEC"] == "60"
+
+
+def test_live_config_rejects_a_margin_beyond_its_maximum():
+    from rtanon.config import ConfigError
+
+    with pytest.raises(ConfigError, match="jitter_ms"):
+        LiveConfig(jitter_ms=50, max_jitter_ms=40).validate()
+    with pytest.raises(ConfigError, match="server_latency_ms"):
+        LiveConfig(server_latency_ms=2).validate()
+    LiveConfig().validate()
