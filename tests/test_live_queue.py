@@ -140,3 +140,43 @@ def test_live_config_rejects_a_margin_beyond_its_maximum():
     with pytest.raises(ConfigError, match="server_latency_ms"):
         LiveConfig(server_latency_ms=2).validate()
     LiveConfig().validate()
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.active = True
+        self.closed = False
+
+    def abort(self) -> None:
+        self.active = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
+    """A 10-minute run on PulseAudio: after an underrun the ALSA pulse plug-in's output stream stayed
+    'active' and never called back again; the virtual microphone fell silent for good."""
+    from rtanon.live import DeviceStream
+
+    dev = DeviceStream("output", "pulse", {"PULSE_SINK": "rtanon_sink"}, RATE, BLOCK, callback=None)
+    opened = []
+
+    def fake_open():
+        dev.stream = _FakeStream()
+        dev.opened_at = clock.t
+        opened.append(dev.stream)
+
+    monkeypatch.setattr(dev, "open", fake_open)
+    dev.open()
+    first = dev.stream
+    last_callback = clock.t
+    clock.t += 0.5
+    dev.watch(True, last_callback)  # a callback half a second ago: fine
+    assert dev.stream is first and dev.stuck == 0
+    clock.t += DeviceStream.STUCK_S
+    dev.watch(True, last_callback)
+    assert first.closed and dev.stream is not first and dev.stuck == 1 and dev.reopens == 1
+    clock.t += 0.5
+    dev.watch(True, last_callback)  # counted from the reopening, not from the old stream's last callback
+    assert dev.stuck == 1 and len(opened) == 2

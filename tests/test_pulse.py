@@ -187,6 +187,7 @@ def test_bench_e2e_measures_a_latency(server):
     assert 30.0 <= result["e2e_latency_ms"] < 1000.0  # at least the algorithmic latency
     # the budget: every part reported, and together they account for the delay measured from the recordings
     assert result["e2e_windows"] >= 3 and result["e2e_p99_ms"] >= result["e2e_latency_ms"]
+    assert result["e2e_silent_windows"] == 0  # the virtual microphone carried speech wherever the microphone did
     assert parts["algorithmic_ms"] == result["algorithmic_latency_ms"]
     assert all(parts[k] is not None and parts[k] >= 0 for k in parts), parts
     assert abs(result["delay_parts_sum_ms"] - result["e2e_latency_ms"]) < 30.0

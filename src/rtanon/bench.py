@@ -183,6 +183,8 @@ def bench_stage(name: str, config: AnonymizerConfig, signal: np.ndarray) -> dict
 MIN_REFERENCE_XCORR = 0.6
 #: the measured delay: one figure per window of speech (hop half a window), their median and 99th percentile
 E2E_WINDOW_S, E2E_SETTLE_S, E2E_MAX_DELAY_S = 4.0, 2.0, 0.5
+#: a window carries speech when its level is above this
+E2E_SPEECH_DBFS = -40.0
 #: the parts of the delay, in the order the table adds them: live's status field and what it is
 DELAY_PARTS = (("algorithmic_ms", "algorithmic (chunk + lookahead)"),
                ("compute_p50_ms", "compute per chunk (median)"),
@@ -276,18 +278,19 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
     t0 = min(mic.placed()[0][0], anon.placed()[0][0])
     x_mic, x_anon = mic.timeline(t0), anon.timeline(t0)
     n = min(x_mic.shape[0], x_anon.shape[0])
-    windows = _window_delays_ms(x_mic[:n], x_anon[:n], int((t_play - t0) * SAMPLE_RATE_HZ))
+    windows, silent = _window_delays_ms(x_mic[:n], x_anon[:n], int((t_play - t0) * SAMPLE_RATE_HZ))
     steady = [r for r in status if r["t"] >= E2E_SETTLE_S] or status
     parts = {key: _median([r.get(key) for r in steady]) for key, _ in DELAY_PARTS}
     last = status[-1] if status else {}
     blocks = max(1, int(1000 * last.get("t", seconds) / 10))  # the output callbacks (10 ms blocks)
     missed = int(last.get("missed_deadlines", 0))
     return {"e2e_latency_ms": _median(windows), "e2e_p99_ms": _percentile(windows, 99), "e2e_windows": len(windows),
-            "e2e_window_delays_ms": [round(d, 1) for d in windows],
+            "e2e_window_delays_ms": [round(d, 1) for d in windows], "e2e_silent_windows": silent,
             "e2e_seconds": seconds, "server": server, "method": method, "chunk_ms": chunk_ms,
             "delay_parts_ms": parts, "delay_parts_sum_ms": round(sum(v or 0.0 for v in parts.values()), 1),
             "missed_deadlines": missed, "missed_pct": 100.0 * missed / blocks,
             "xruns": int(last.get("input_overflows", 0)) + int(last.get("output_underflows", 0)),
+            "stuck_reopens": int(last.get("input_stuck", 0)) + int(last.get("output_stuck", 0)),
             "recorded_s": n / SAMPLE_RATE_HZ,
             "xcorr_mic_vs_played": max_xcorr(utterance[: 3 * SAMPLE_RATE_HZ], x_mic),
             "xcorr_anon_vs_played": max_xcorr(utterance[: 3 * SAMPLE_RATE_HZ], x_anon),
@@ -295,17 +298,26 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
             "live_summary": err_tail[-1].strip() if err_tail else ""}
 
 
-def _window_delays_ms(x_mic: np.ndarray, x_anon: np.ndarray, start: int) -> list[float]:
+def _window_delays_ms(x_mic: np.ndarray, x_anon: np.ndarray, start: int) -> tuple[list[float], int]:
     """The delay of ``x_anon`` behind ``x_mic`` in each window (hop half a window) from ``start`` on where
-    the microphone carries speech."""
+    the microphone carries speech, and how many such windows the virtual microphone carried none in (an
+    outage: no delay to measure there)."""
     from rtanon.analysis import envelope_delay_s
 
     w = int(E2E_WINDOW_S * SAMPLE_RATE_HZ)
-    out = []
+    out, silent = [], 0
     for i in range(max(0, start), x_mic.shape[0] - w + 1, w // 2):
-        if np.sqrt(np.mean(np.square(x_mic[i : i + w]))) > 10 ** (-40 / 20):
-            out.append(1000.0 * envelope_delay_s(x_mic[i : i + w], x_anon[i : i + w], max_delay_s=E2E_MAX_DELAY_S))
-    return out
+        if _dbfs(x_mic[i : i + w]) <= E2E_SPEECH_DBFS:
+            continue
+        if _dbfs(x_anon[i : i + w]) <= E2E_SPEECH_DBFS:  # comfort noise sits at -66 dBFS, speech near -25
+            silent += 1
+            continue
+        out.append(1000.0 * envelope_delay_s(x_mic[i : i + w], x_anon[i : i + w], max_delay_s=E2E_MAX_DELAY_S))
+    return out, silent
+
+
+def _dbfs(x: np.ndarray) -> float:
+    return 20.0 * float(np.log10(max(float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))), 1e-9)))
 
 
 def _median(values) -> float | None:

@@ -124,7 +124,7 @@ class _OutputPath:
         self._low_before = None  # the same for the window before
         self._shortfall = 0  # the largest shortfall since the worker last looked (set by the callback)
         self._quiet = 0  # non-speech samples at the end of the queue (all of it is when >= readable)
-        self._window_start = self._last_change = self._last_read = time.monotonic()
+        self._window_start = self._last_change = self.last_read_at = time.monotonic()
         self.queue_at_push_ms = RecentValues()  # audio still queued when a chunk's output arrived: its wait
 
     #: an output device that took nothing for this long is stalled: audio queued meanwhile would only play late
@@ -141,7 +141,7 @@ class _OutputPath:
 
     def play(self, out: np.ndarray, muted: bool) -> bool:
         """Fills ``out``; returns False when processed audio ran short (a missed deadline)."""
-        self._last_read = time.monotonic()
+        self.last_read_at = time.monotonic()
         if muted:  # comfort noise from this very block on; what was queued is dropped
             self.ring.discard(self.ring.readable)
             self.flowing = False  # unmuted, the queue fills up to the margin again
@@ -182,7 +182,7 @@ class _OutputPath:
         elif now - self._last_change >= cfg.steady_s:
             self.margin = max(self._samples(cfg.jitter_ms), self.margin - self._samples(cfg.jitter_step_ms))
             self._last_change = now
-        stalled = now - self._last_read > self.STALL_S  # the device takes nothing (starting, stuck, gone)
+        stalled = now - self.last_read_at > self.STALL_S  # the device takes nothing (starting, stuck, gone)
         excess = self.ring.readable - (self.margin if stalled else self._samples(cfg.max_queue_ms))
         if excess > 0:  # what would play late: the newest audio stays
             self.ring.discard(excess)
@@ -238,11 +238,13 @@ class LiveCore:
         self.worker_errors = 0
         self.session_swaps = 0
         self.compute_ms = RecentValues()  # the worker's time per chunk (the session's stages)
+        self.last_input_at = time.monotonic()  # when the input callback last ran
         self.interrupted = False  # run_live: Ctrl-C ended the loop
 
     # -- callbacks: copies only ------------------------------------------------
     def on_input(self, samples: np.ndarray) -> None:
         """Input callback body: ``samples`` 1-D float32 at ``in_rate_hz``."""
+        self.last_input_at = time.monotonic()
         if self._in_ring.write(samples) < samples.shape[0]:
             self.session.counters.input_overflows += 1
         self._wake.set()
@@ -301,6 +303,11 @@ class LiveCore:
     def input_backlog(self) -> int:
         """Captured samples the worker has not taken yet."""
         return self._in_ring.readable
+
+    @property
+    def last_output_at(self) -> float:
+        """When the output callback last ran (monotonic; the core's creation before it ever did)."""
+        return self._out.last_read_at
 
     @property
     def queued_ms(self) -> float:
@@ -536,6 +543,7 @@ class DeviceStream:
     on (the output plays comfort noise). ``reopens`` counts the reopenings."""
 
     RETRY_S = 0.2
+    STUCK_S = 1.0
 
     def __init__(self, kind: str, device, env: dict[str, str], rate: int, blocksize: int, callback) -> None:
         self.kind, self.device, self.env = kind, device, env
@@ -543,6 +551,8 @@ class DeviceStream:
         self.pulse_name = next(iter(env.values()), None)  # PULSE_SOURCE / PULSE_SINK
         self.stream = None
         self.reopens = 0
+        self.stuck = 0  # reopenings of a stream that stopped calling back
+        self.opened_at = 0.0
         self.last_error = ""
         self._next_try = 0.0
 
@@ -568,6 +578,7 @@ class DeviceStream:
             stream.close()
             raise
         self.stream = stream
+        self.opened_at = time.monotonic()
 
     def close(self) -> None:
         if self.stream is not None:
@@ -578,9 +589,16 @@ class DeviceStream:
                 self.last_error = f"{type(exc).__name__}: {exc}"
             self.stream = None
 
-    def watch(self, present: bool | None) -> None:
-        """Reopens the stream if it died or its PulseAudio device went away
-        (``present`` False); retries every ``RETRY_S`` while it cannot."""
+    def watch(self, present: bool | None, last_callback_at: float | None = None) -> None:
+        """Reopens the stream if it died, its PulseAudio device went away (``present`` False), or it is
+        stuck: no callback (``last_callback_at``, monotonic) for ``STUCK_S`` although PortAudio calls it
+        active (the ALSA pulse plug-in can hang so after an underrun: the virtual microphone fell silent
+        for good in a 10-minute run); retries every ``RETRY_S`` while it cannot."""
+        if self.stream is not None and last_callback_at is not None:
+            if time.monotonic() - max(self.opened_at, last_callback_at) > self.STUCK_S:
+                self.stuck += 1
+                self.last_error = f"no callback for {self.STUCK_S:.0f} s: reopened"
+                self.close()
         if self.stream is not None and (not self.stream.active or present is False):
             self.close()
         if self.stream is None and present is not False and time.monotonic() >= self._next_try:
@@ -691,8 +709,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                                                                   max(0.0, t_end - time.monotonic())))
             sources = _pulse_names("sources") if inp.pulse_name else None  # device watchdog
             sinks = _pulse_names("sinks") if out.pulse_name else None
-            inp.watch(None if sources is None else inp.pulse_name in sources)
-            out.watch(None if sinks is None else out.pulse_name in sinks)
+            inp.watch(None if sources is None else inp.pulse_name in sources, core.last_input_at)
+            out.watch(None if sinks is None else out.pulse_name in sinks, core.last_output_at)
             if time.monotonic() < next_status:
                 continue
             next_status = time.monotonic() + status_interval_s
@@ -725,7 +743,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                     "output_underflows": counters.output_underflows, "stage_errors": counters.stage_errors,
                     "worker_errors": core.worker_errors, "input_skips": core.input_skips,
                     "drift_trims": core.drift_trims, "input_up": inp.up, "output_up": out.up,
-                    "input_reopens": inp.reopens, "output_reopens": out.reopens}) + "\n")
+                    "input_reopens": inp.reopens, "output_reopens": out.reopens, "input_stuck": inp.stuck,
+                    "output_stuck": out.stuck}) + "\n")
                 json_status.flush()
     except KeyboardInterrupt:
         core.interrupted = True

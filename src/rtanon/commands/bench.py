@@ -224,6 +224,7 @@ def _progress_line(what: str):
 def print_delay_budget(r: dict) -> None:
     """The end-to-end delay budget: the parts rtanon live reports, their sum, and the delay measured."""
     from rtanon import bench
+    from rtanon.bench import E2E_WINDOW_S
 
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     print(f"end-to-end delay, fake microphone -> rtanon live -> virtual microphone ({r['server']}, "
@@ -233,8 +234,11 @@ def print_delay_budget(r: dict) -> None:
     print(f"  {'sum of the parts':<40}{r['delay_parts_sum_ms']:>8.1f} ms")
     print(f"  {'measured, median of ' + str(r['e2e_windows']) + ' windows':<40}{fmt(r['e2e_latency_ms']):>8} ms   "
           f"p99 {fmt(r['e2e_p99_ms'])} ms")
+    if r["e2e_silent_windows"]:
+        print(f"warning: in {r['e2e_silent_windows']} windows of {E2E_WINDOW_S:.0f} s the microphone had speech and the "
+              "virtual microphone none (an outage; no delay measured there)")
     print(f"  missed deadlines {r['missed_deadlines']} ({r['missed_pct']:.2f} % of the 10 ms output blocks), "
-          f"xruns {r['xruns']}; waveform similarity to the input: microphone {r['xcorr_mic_vs_played']:.2f}, "
+          f"xruns {r['xruns']}, stuck streams reopened {r['stuck_reopens']}; waveform similarity to the input: microphone {r['xcorr_mic_vs_played']:.2f}, "
           f"rtanon {r['xcorr_anon_vs_played']:.2f}")
     if r["recorder_overflows"] or r["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
         print(f"warning: the fake microphone's recording is not a faithful copy of what was played (similarity "
