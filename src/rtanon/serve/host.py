@@ -113,12 +113,16 @@ class SessionHost:
     def say(self, peer: str, what: str) -> None:
         print(f"rtanon serve: {peer}: {what}", file=self.log, flush=True)
 
+    def token_ok(self, headers, query) -> bool:
+        """Whether a request carries the server's token (``Authorization: Bearer`` or ``?token=``)."""
+        auth = headers.get("Authorization", "")
+        given = auth[7:] if auth.startswith("Bearer ") else query.get("token", "")
+        return secrets.compare_digest(given.encode(), self.token.encode())
+
     def refusal(self, headers, query, origin_self: str) -> tuple[int, str] | None:
         """Why a WebSocket request must be refused, as ``(HTTP status, reason)``, or None: no or a wrong
         token (``Authorization: Bearer`` or ``?token=``), an ``Origin`` other than ``origin_self``, a full host."""
-        auth = headers.get("Authorization", "")
-        given = auth[7:] if auth.startswith("Bearer ") else query.get("token", "")
-        if not secrets.compare_digest(given.encode(), self.token.encode()):
+        if not self.token_ok(headers, query):
             return 401, "missing or wrong token"
         origin = headers.get("Origin")
         if origin is not None and origin != origin_self:

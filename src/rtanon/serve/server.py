@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 from importlib import resources
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -78,9 +77,7 @@ class ServeServer(SessionHost):
 
     async def _page(self, request: web.Request) -> web.Response:
         """The microphone page; without the token a 401 that says how to open it."""
-        auth = request.headers.get("Authorization", "")
-        given = auth[7:] if auth.startswith("Bearer ") else request.query.get("token", "")
-        if not secrets.compare_digest(given.encode(), self.token.encode()):
+        if not self.token_ok(request.headers, request.query):
             self.refused += 1
             self.say(printable(request.remote or "?", 60), "page refused: missing or wrong token")
             return web.Response(status=401, headers=_PAGE_HEADERS,
