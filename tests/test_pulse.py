@@ -193,3 +193,42 @@ def test_bench_e2e_measures_a_latency(server):
     assert abs(result["delay_parts_sum_ms"] - result["e2e_latency_ms"]) < 30.0
     assert "missed deadlines" in proc.stdout and "sum of the parts" in proc.stdout
     assert result["xcorr_mic_vs_played"] > 0.6 > result["xcorr_anon_vs_played"]
+
+
+HANG_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+from rtanon.live_control import LiveControl, LiveSettings
+control = LiveControl(LiveSettings(input="pulse:rtanon_hang_mic.monitor", output="rtanon", method="mcadams"),
+                      settings_file=Path(sys.argv[1]))
+control.start()
+time.sleep(1.0)
+hung = control.core
+hung.on_output = lambda out: out.fill(0.0)  # the output callback runs on, but the core never hears of it again
+deadline = time.monotonic() + 10.0
+while time.monotonic() < deadline and (control.core is hung or control.recoveries == 0):
+    time.sleep(0.05)
+t = time.monotonic()
+new = control.core
+while time.monotonic() < t + 5.0 and new is not None and new.last_output_at <= t:  # a fresh stream may wait 1.5 s
+    time.sleep(0.05)
+print(json.dumps({"recoveries": control.recoveries, "error": control.last_error, "replaced": new is not hung,
+                  "flowing": new is not None and new.last_output_at > t, "status": control.status()["recoveries"]}))
+control.stop()
+"""
+
+
+def test_the_control_page_reopens_an_output_that_stopped_calling_back(daemon, tmp_path):
+    """A 10-minute run found the ALSA pulse plug-in's output stream hung after an underrun: 'active', no
+    callback, the virtual microphone silent to the end. `rtanon live --ui` reopens it as `rtanon live` does."""
+    daemon.load_null_sink("rtanon_hang_mic", RATE)
+    assert _rtanon(daemon.env, "virtual-device", "create").returncode == 0
+    try:
+        proc = subprocess.run([sys.executable, "-c", HANG_SCRIPT, str(tmp_path / "live-ui.json")], env=daemon.env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        _rtanon(daemon.env, "virtual-device", "remove")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["recoveries"] == 1 == r["status"] and r["replaced"] and r["flowing"], r
+    assert r["error"] == "the output device did not call back for 2.5 s: reopened"

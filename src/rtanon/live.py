@@ -238,13 +238,11 @@ class LiveCore:
         self.worker_errors = 0
         self.session_swaps = 0
         self.compute_ms = RecentValues()  # the worker's time per chunk (the session's stages)
-        self.last_input_at = time.monotonic()  # when the input callback last ran
         self.interrupted = False  # run_live: Ctrl-C ended the loop
 
     # -- callbacks: copies only ------------------------------------------------
     def on_input(self, samples: np.ndarray) -> None:
         """Input callback body: ``samples`` 1-D float32 at ``in_rate_hz``."""
-        self.last_input_at = time.monotonic()
         if self._in_ring.write(samples) < samples.shape[0]:
             self.session.counters.input_overflows += 1
         self._wake.set()
@@ -543,7 +541,7 @@ class DeviceStream:
     on (the output plays comfort noise). ``reopens`` counts the reopenings."""
 
     RETRY_S = 0.2
-    STUCK_S = 1.0
+    STUCK_S = 2.5  # PulseAudio can hold a fresh output stream for 1.5 s before it flows
 
     def __init__(self, kind: str, device, env: dict[str, str], rate: int, blocksize: int, callback) -> None:
         self.kind, self.device, self.env = kind, device, env
@@ -591,13 +589,15 @@ class DeviceStream:
 
     def watch(self, present: bool | None, last_callback_at: float | None = None) -> None:
         """Reopens the stream if it died, its PulseAudio device went away (``present`` False), or it is
-        stuck: no callback (``last_callback_at``, monotonic) for ``STUCK_S`` although PortAudio calls it
-        active (the ALSA pulse plug-in can hang so after an underrun: the virtual microphone fell silent
-        for good in a 10-minute run); retries every ``RETRY_S`` while it cannot."""
+        stuck: no callback (``last_callback_at``, monotonic; given for outputs, whose device always takes
+        audio, not for inputs: a monitor source with nothing playing delivers nothing) for ``STUCK_S``
+        although PortAudio calls it active (the ALSA pulse plug-in can hang so after an underrun: the
+        virtual microphone fell silent for good in a 10-minute run); retries every ``RETRY_S`` while it
+        cannot."""
         if self.stream is not None and last_callback_at is not None:
             if time.monotonic() - max(self.opened_at, last_callback_at) > self.STUCK_S:
                 self.stuck += 1
-                self.last_error = f"no callback for {self.STUCK_S:.0f} s: reopened"
+                self.last_error = f"no callback for {self.STUCK_S:g} s: reopened"
                 self.close()
         if self.stream is not None and (not self.stream.active or present is False):
             self.close()
@@ -709,7 +709,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                                                                   max(0.0, t_end - time.monotonic())))
             sources = _pulse_names("sources") if inp.pulse_name else None  # device watchdog
             sinks = _pulse_names("sinks") if out.pulse_name else None
-            inp.watch(None if sources is None else inp.pulse_name in sources, core.last_input_at)
+            inp.watch(None if sources is None else inp.pulse_name in sources)  # an idle monitor source is silent
             out.watch(None if sinks is None else out.pulse_name in sinks, core.last_output_at)
             if time.monotonic() < next_status:
                 continue
@@ -743,7 +743,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                     "output_underflows": counters.output_underflows, "stage_errors": counters.stage_errors,
                     "worker_errors": core.worker_errors, "input_skips": core.input_skips,
                     "drift_trims": core.drift_trims, "input_up": inp.up, "output_up": out.up,
-                    "input_reopens": inp.reopens, "output_reopens": out.reopens, "input_stuck": inp.stuck,
+                    "input_reopens": inp.reopens, "output_reopens": out.reopens,
                     "output_stuck": out.stuck}) + "\n")
                 json_status.flush()
     except KeyboardInterrupt:
