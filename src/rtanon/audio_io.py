@@ -24,7 +24,7 @@ import soxr
 
 from rtanon.atomic import atomic_path
 from rtanon.constants import SAMPLE_RATE_HZ
-from rtanon.errors import RunFailed, UserError
+from rtanon.errors import RunFailed, UserError, raise_if_interrupted
 from rtanon.paths import check_regular
 
 BLOCK_SECONDS = 2.0
@@ -140,6 +140,7 @@ def read_blocks(path: str | os.PathLike, block_seconds: float = BLOCK_SECONDS) -
             f = sf.SoundFile(str(info.path))
         with f:
             while True:  # not SoundFile.blocks: it pads a short MP3 read with stale samples
+                raise_if_interrupted()
                 block = f.read(block_frames, dtype="float32", always_2d=True)
                 if not block.shape[0]:
                     break

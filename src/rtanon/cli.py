@@ -15,7 +15,7 @@ import threading
 import traceback
 
 from rtanon import __version__
-from rtanon.errors import Interrupted, UserError
+from rtanon.errors import Interrupted, UserError, forget_interrupts, interrupt
 from rtanon.paths import printable
 
 #: The longest error line: a message carries paths and fields of files, which anyone may have written.
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _raise_interrupted(signum, frame):
-    raise Interrupted(signum)
+    interrupt(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     name = f"rtanon {args.command}"
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # run every `finally`: temporary files, devices, children
-            previous[sig] = signal.signal(sig, _raise_interrupted)
+        forget_interrupts()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # run every `finally`: temporary files, devices,
+            previous[sig] = signal.signal(sig, _raise_interrupted)  # children; SIGINT as Python's own, remembered
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

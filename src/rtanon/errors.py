@@ -5,9 +5,13 @@ Every module raises its own subclass of :class:`UserError` (``AudioFileError``,
 ``CliError``); the CLI prints any of them in one line, without a traceback,
 and exits with its ``exit_code`` (2; ``RunFailed``: 1). ``Interrupted`` is
 what the CLI's signal handlers raise on SIGTERM and SIGHUP, so every
-``finally`` (temporary files, devices, child processes) runs. This module
-imports nothing of rtanon, so any module may import it.
+``finally`` (temporary files, devices, child processes) runs; a signal whose
+exception Python swallowed (it landed inside a destructor) is raised again by
+``raise_if_interrupted`` at the next block of audio. This module imports
+nothing of rtanon, so any module may import it.
 """
+
+import signal
 
 
 class UserError(Exception):
@@ -32,3 +36,27 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(f"signal {signum}")
         self.signum = signum
+
+
+_signals: list[int] = []  # the signals the CLI's handlers turned into exceptions, this run
+
+
+def interrupt(signum: int) -> None:
+    """Raises what signal ``signum`` asks for (KeyboardInterrupt for SIGINT, else Interrupted), and
+    remembers it for ``raise_if_interrupted``."""
+    _signals.append(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(signum)
+
+
+def raise_if_interrupted() -> None:
+    """Raises again a signal's exception that was swallowed: one raised while a destructor ran (numba's
+    llvmlite objects are collected mid-run) is printed as "Exception ignored" and lost, and the run went
+    on to the end (a CI run: `rtanon file` finished its 600 s after Ctrl-C). Long loops call it."""
+    if _signals:
+        interrupt(_signals[0])
+
+
+def forget_interrupts() -> None:
+    _signals.clear()
