@@ -32,8 +32,7 @@ from rtanon.config import (ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, SAMPL
                            ConfigError, NeuralConfig, StreamConfig)
 from rtanon.engine import Anonymizer, Session
 from rtanon.errors import UserError
-from rtanon.live import (WATCH_INTERVAL_S, DeviceStream, LiveConfig, LiveCore, pick_rate, resolve_device,
-                         server_latency)
+from rtanon.live import LiveConfig, LiveCore, pick_rate, resolve_device, server_latency
 from rtanon.paths import printable, read_capped
 
 SETTINGS_NAME = "live-ui.json"
@@ -139,10 +138,6 @@ class LiveControl:
         self._device_latency_s = 0.0
         self.muted = False
         self.last_error = ""
-        self.recoveries = 0  # restarts of streams that died or stopped calling back
-        self._started_at = 0.0
-        self._recover = False  # the streams should run (started and not stopped by an action)
-        self._watcher: threading.Thread | None = None
 
     # -- engine ------------------------------------------------------------------
     def anonymizer(self, method: str, chunk_ms: int, privacy: str | None = None) -> Anonymizer:
@@ -247,52 +242,10 @@ class LiveControl:
                     raise
             self.core, self._streams = core, streams
             self._device_latency_s = in_stream.latency + out_stream.latency
-            self._started_at = time.monotonic()
-            self._recover = True
-            if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch, name="rtanon-device-watch", daemon=True)
-                self._watcher.start()
             self._save()
-
-    def _stuck(self) -> str | None:
-        """Why the running streams need reopening: one stopped, or the output has not called back for
-        ``DeviceStream.STUCK_S`` (the ALSA pulse plug-in can hang so after an underrun; an input may be
-        silent for good reason); None if fine."""
-        core, streams = self.core, self._streams
-        if core is None or not streams:
-            return None
-        if not all(st.active for st in streams):
-            return "a device stream stopped"
-        if time.monotonic() - max(self._started_at, core.last_output_at) > DeviceStream.STUCK_S:
-            return f"the output device did not call back for {DeviceStream.STUCK_S:g} s"
-        return None
-
-    def _watch(self) -> None:
-        """Reopens the streams (same voice, same devices) when they die or hang, as ``rtanon live`` does;
-        retries every ``WATCH_INTERVAL_S`` while the devices cannot be opened."""
-        while True:
-            time.sleep(WATCH_INTERVAL_S)
-            with self._lock:
-                if not self._recover:
-                    continue
-                why = self._stuck() if self.running else "the devices could not be reopened"
-                if why is None:
-                    continue
-                try:
-                    self._stop_streams()
-                    self.start()
-                    self.recoveries += 1
-                    self.last_error = f"{why}: reopened"
-                except Exception as exc:  # the output is gone: nothing plays, not even the input
-                    self.last_error = f"{why}; reopening failed: {exc}"
 
     def stop(self) -> None:
         """Closes the devices (nothing plays); the session (voice) is kept for the next start."""
-        with self._lock:
-            self._recover = False
-            self._stop_streams()
-
-    def _stop_streams(self) -> None:
         with self._lock:
             for stream in self._streams:
                 stream.abort()
@@ -420,8 +373,7 @@ class LiveControl:
         out = {"t": time.time(), "running": core is not None, "muted": self.muted,
                "voice_pending": bool(core is not None and core.session_pending),
                "settings": asdict(s), "error": self.last_error,
-               "in_dbfs": -120.0, "out_dbfs": -120.0, "gate": False, "queue_ms": 0.0,
-               "recoveries": self.recoveries}
+               "in_dbfs": -120.0, "out_dbfs": -120.0, "gate": False, "queue_ms": 0.0}
         if session is not None:
             c = session.counters
             algo = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
