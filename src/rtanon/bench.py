@@ -194,23 +194,22 @@ DELAY_PARTS = (("algorithmic_ms", "algorithmic (chunk + lookahead)"),
 
 
 def measure_e2e(method: str, chunk_ms: int, seconds: float = 20.0, seed: int = 0, attempts: int = 3,
-                server: str = "pulseaudio", live_args: tuple[str, ...] = (), progress=None) -> dict:
+                server: str = "pulseaudio", progress=None) -> dict:
     """Microphone-to-virtual-microphone delay through a private sound server (``server``: a name of
     ``rtanon.pulse.DAEMONS``, PulseAudio or PipeWire with pipewire-pulse) over ``seconds`` of looped
     speech, with its budget: the parts ``rtanon live`` reports (``DELAY_PARTS``, medians of its status)
     beside the delay measured from the recordings (per window). The recording of the fake microphone is
     the reference: when it is not a faithful copy of what was played (a busy machine drops its samples),
     measure again, at most ``attempts`` times in all; ``attempts`` in the result says how many it took.
-    ``live_args``: more options for ``rtanon live``; ``progress(text)``: called about once a second."""
+    ``progress(text)``: called about once a second."""
     for attempt in range(1, attempts + 1):
-        result = _measure_e2e_once(method, chunk_ms, seconds, seed, server, live_args, progress)
+        result = _measure_e2e_once(method, chunk_ms, seconds, seed, server, progress)
         if result["xcorr_mic_vs_played"] > MIN_REFERENCE_XCORR:
             break
     return {**result, "attempts": attempt}
 
 
-def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, server: str,
-                      live_args: tuple[str, ...], progress) -> dict:
+def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, server: str, progress) -> dict:
     import json
     import os
     import queue
@@ -235,7 +234,7 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
         live = subprocess.Popen([sys.executable, "-m", "rtanon", "live", "--input", "pulse:rtanon_fake_mic.monitor",
                                  "--output", "rtanon", "--method", method, "--chunk-ms", str(chunk_ms),
                                  "--seed", str(seed), "--quiet", "--json-status", "--status-interval", "0.25",
-                                 "--duration", str(seconds + 3.0), *live_args],
+                                 "--duration", str(seconds + 3.0)],
                                 env=pd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         player = pulse.LoopPlayer("rtanon_fake_mic", played, pd.env)
         err_tail: list[str] = []

@@ -146,6 +146,7 @@ class Anonymizer:
         config.validate()
         self.config = config
         self.method: Method = METHODS[config.method](config)
+        self._warm = False
 
     @property
     def chunk_samples(self) -> int:
@@ -154,7 +155,10 @@ class Anonymizer:
     def warm_up(self, chunks: int = 3) -> None:
         """Runs a throwaway session over a few chunks of faint noise: the models' first call (graph
         optimisation, JIT, allocations: 200 ms for the neural voice) then happens before a live stream
-        opens, not as a 200 ms backlog in its first second."""
+        opens, not as a 200 ms backlog in its first second. Once per anonymizer (every live start calls it)."""
+        if self._warm:
+            return
+        self._warm = True
         session = self.open_session(seed=0)
         noise = np.random.default_rng(0).standard_normal((chunks, self.chunk_samples)).astype(np.float32)
         for chunk in 0.003 * noise:

@@ -107,6 +107,9 @@ class _OutputPath:
     ``LiveConfig`` describes), the resampler from 16 kHz, and comfort noise made up front (no RNG in
     the callback). ``play`` runs in the device callback, ``push`` in the worker."""
 
+    #: an output device that took nothing for this long is stalled: audio queued meanwhile would only play late
+    STALL_S = 0.1
+
     def __init__(self, session: Session, rate_hz: int, config: LiveConfig) -> None:
         self.rate_hz = int(rate_hz)
         self.config = config
@@ -126,9 +129,6 @@ class _OutputPath:
         self._quiet = 0  # non-speech samples at the end of the queue (all of it is when >= readable)
         self._window_start = self._last_change = self.last_read_at = time.monotonic()
         self.queue_at_push_ms = RecentValues()  # audio still queued when a chunk's output arrived: its wait
-
-    #: an output device that took nothing for this long is stalled: audio queued meanwhile would only play late
-    STALL_S = 0.1
 
     def _samples(self, ms: float) -> int:
         return int(self.rate_hz * ms / 1000)

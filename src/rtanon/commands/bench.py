@@ -15,7 +15,7 @@ def register(sub) -> None:
                     "PulseAudio daemon (or PipeWire: --server pipewire). With --json the last line is one JSON "
                     "object.")
     add_engine_args(p)
-    from rtanon.bench import BENCH_STAGES
+    from rtanon.bench import BENCH_STAGES, E2E_WINDOW_S
 
     p.add_argument("--stage", default=None, metavar="NAME",
                    help=f"time one stage alone: {', '.join(BENCH_STAGES)}")
@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--e2e", action="store_true", help="also measure end-to-end latency through PulseAudio")
     p.add_argument("--e2e-seconds", type=float, default=20.0, metavar="S",
                    help="--e2e: seconds of looped speech to measure over (default: 20; the delay is measured per "
-                        f"{4:.0f} s window, so longer runs give a truer p99)")
+                        f"{E2E_WINDOW_S:.0f} s window, so longer runs give a truer p99)")
     p.add_argument("--server", choices=("pulseaudio", "pipewire"), default="pulseaudio",
                    help="--e2e: the private sound server to measure through (pipewire: pipewire, wireplumber "
                         "and pipewire-pulse; default: pulseaudio)")
@@ -235,11 +235,11 @@ def print_delay_budget(r: dict) -> None:
     print(f"  {'measured, median of ' + str(r['e2e_windows']) + ' windows':<40}{fmt(r['e2e_latency_ms']):>8} ms   "
           f"p99 {fmt(r['e2e_p99_ms'])} ms")
     if r["e2e_silent_windows"]:
-        print(f"warning: in {r['e2e_silent_windows']} windows of {E2E_WINDOW_S:.0f} s the microphone had speech and the "
-              "virtual microphone none (an outage; no delay measured there)")
+        print(f"warning: in {r['e2e_silent_windows']} windows of {E2E_WINDOW_S:.0f} s the microphone had speech "
+              "and the virtual microphone none (an outage; no delay measured there)")
     print(f"  missed deadlines {r['missed_deadlines']} ({r['missed_pct']:.2f} % of the 10 ms output blocks), "
-          f"xruns {r['xruns']}, stuck streams reopened {r['stuck_reopens']}; waveform similarity to the input: microphone {r['xcorr_mic_vs_played']:.2f}, "
-          f"rtanon {r['xcorr_anon_vs_played']:.2f}")
+          f"xruns {r['xruns']}, stuck streams reopened {r['stuck_reopens']}; waveform similarity to the input: "
+          f"microphone {r['xcorr_mic_vs_played']:.2f}, rtanon {r['xcorr_anon_vs_played']:.2f}")
     if r["recorder_overflows"] or r["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
         print(f"warning: the fake microphone's recording is not a faithful copy of what was played (similarity "
               f"{r['xcorr_mic_vs_played']:.2f}, {r['recorder_overflows']} overflows, {r['attempts']} attempts: the "
