@@ -155,3 +155,46 @@ def test_the_phonetic_teacher_gives_a_posterior_per_content_frame(speech):
     assert lp.shape == (len(speech) // 320, PHONE_TOKENS)
     assert np.allclose(np.exp(lp).sum(1), 1.0, atol=1e-3)  # log posteriors
     assert 0.05 < np.mean(lp.argmax(1) < 189) < 0.6  # phones emitted between blanks, as CTC does
+
+
+def test_phone_spikes_spread_over_their_frames_with_silence_beyond_reach():
+    from rtanon.train.teacher import PHONE_BLANK, PHONE_TOKENS, PHONE_WB, phone_frames
+
+    ids = np.full(30, PHONE_BLANK)
+    ids[[5, 6]] = 40  # one phone called in two frames: counted once, at 5.5
+    ids[9] = 41
+    ids[12] = PHONE_WB  # a word boundary is not a phone
+    ids[25] = 42
+    lp = np.full((30, PHONE_TOKENS), -20.0)
+    lp[np.arange(30), ids] = 0.0
+    labels = phone_frames(lp, reach=3)
+    assert list(labels[:3]) == [PHONE_BLANK] * 3  # more than 3 frames from the first spike
+    assert list(labels[3:8]) == [40] * 5  # 5.5 - 3 .. the midpoint 7.25 between 5.5 and 9
+    assert list(labels[8:13]) == [41] * 5
+    assert list(labels[13:22]) == [PHONE_BLANK] * 9  # the word boundary's frame and the pause
+    assert list(labels[22:29]) == [42] * 7
+    assert labels[29] == PHONE_BLANK
+    assert (phone_frames(np.zeros((0, PHONE_TOKENS))) == PHONE_BLANK).all()
+
+
+def test_the_causal_phone_reader_reads_aligned_frames_and_collapses_runs(tmp_path, speech):
+    import torch
+
+    from rtanon.train.content_eval import StudentReader, frame_phones_to_string
+    from rtanon.train.teacher import PHONE_BLANK, PHONE_TOKENS, PHONE_WB
+
+    tokens = [f"p{i}" for i in range(PHONE_TOKENS)]
+    assert frame_phones_to_string(np.array([PHONE_BLANK, 7, 7, PHONE_WB, 7, 8, 8, PHONE_BLANK]), tokens) == \
+        ["p7", "p7", "p8"]
+    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.train.content_model import ContentEncoder
+
+    model = ContentEncoder(ContentModelConfig(lookahead_frames=1))
+    path = tmp_path / "ckpt.pt"
+    head = torch.nn.Linear(model.cfg.unit_dim, PHONE_TOKENS)
+    torch.save({"model": model.state_dict(), "model_config": model.cfg.to_dict(), "phone_head": head.state_dict()},
+               path)
+    z, lp = StudentReader(path)(speech[:16000 + 100])
+    assert z.shape == (50, model.cfg.unit_dim) and lp.shape == (50, PHONE_TOKENS)
+    z_cut, _ = StudentReader(path)(speech[:8000])  # causal up to its lookahead: a prefix reads the same
+    assert np.allclose(z_cut[:23], z[:23], atol=1e-4)

@@ -202,7 +202,7 @@ def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
                       speed_prob=1.0, gain_db_range=(0.0, 0.0), model=ContentModelConfig())
     batches = _Batches([CorpusCache.load(root)], 128, cfg, np.random.default_rng(0),
                        teacher_norm=(np.zeros(4, np.float32), np.ones(4, np.float32)))
-    audio, units, _, teacher = batches()
+    audio, units, _, teacher, _ = batches()
     for b in range(4):
         valid = units[b] >= 0
         assert valid.sum() >= 145  # the crop is (nearly) filled

@@ -72,6 +72,9 @@ ROWS = (
     Row("probe_phones_own", "probe_mel_own", "hama's phone posteriors as content (own voice)"),
     Row("probe_phones_pseudo", "probe_phones_own", "the pseudo-voice on envelopes from phone posteriors"),
     Row("probe_z_own", "probe_mel_own", "the causal student's z as content (own voice)"),
+    Row("probe_phoneframes_own", "probe_mel_own", "hama's phones spread over their frames (one-hot; own voice)"),
+    Row("probe_student_own", "probe_z_own", "a content checkpoint's z (own voice)"),
+    Row("probe_studentphones_own", "probe_mel_own", "a content checkpoint's causal phone reader (own voice)"),
 )
 #: Rows rendered unless ``--rows`` says otherwise; the ``probe_*`` rows need ``--probes DIR``.
 DEFAULT_ROWS = tuple(r.name for r in ROWS if not r.name.startswith("probe_"))
@@ -104,10 +107,10 @@ def _model(kind: str, **kw):
                 _MODELS[key] = load_generator(path).eval().float()
         elif kind == "probe":
             from rtanon.train.envelope_probe import load
-            _MODELS[key] = load(kw["path"])[1]
+            _MODELS[key] = load(kw["path"])
         elif kind == "content":
             from rtanon.train.envelope_probe import _content
-            _MODELS[key] = _content(kw["representation"])
+            _MODELS[key] = _content(kw["representation"], kw.get("student"))
         elif kind == "anonymizer":
             from rtanon.config import AnonymizerConfig, NeuralConfig
             from rtanon.engine import Anonymizer
@@ -172,8 +175,8 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
 
         for r in probe_rows:
             kind, voice_kind = r.split("_")[1:]
-            net = _model("probe", path=str(Path(probes) / f"envprobe_{kind}.pt"))
-            content = _model("content", representation=kind)(x)
+            _, net, student = _model("probe", path=str(Path(probes) / f"envprobe_{kind}.pt"))
+            content = _model("content", representation=kind, student=student)(x)
             env_h, env_n = envelope_probe.predict(net, content, own if voice_kind == "own" else voice.embedding)
             f = f0 if voice_kind == "own" else f0_pseudo
             out[r] = _match_rms(synthesise_points(f, env_h, env_n, seed), x)

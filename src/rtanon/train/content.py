@@ -36,8 +36,8 @@ import numpy as np
 
 from rtanon.atomic import atomic_open
 from rtanon.constants import FRAME_SAMPLES
-from rtanon.train.teacher import (TEACHER_DIM, CorpusCache, assign_units, build_cache,
-                                     fit_units)
+from rtanon.train.teacher import (PHONE_TOKENS, TEACHER_DIM, CorpusCache, assign_units, build_cache,
+                                  cached_phone_frames, fit_units)
 from rtanon.neural.input_mel import mel_filterbank
 from rtanon.train.content_config import ContentModelConfig
 from rtanon.train.shards import looks_like_eval_dir
@@ -68,6 +68,9 @@ class TrainConfig:
     speed_factors: tuple[float, ...] = (0.9, 1.1)  # speed perturbation (1.0 is always possible too)
     speed_prob: float = 0.0  # share of crops speed-perturbed
     teacher_weight: float = 0.0  # weight of the L1 regression of the teacher features from z
+    # weight of the cross-entropy of a linear phone head on z against hama's phones spread over their frames
+    # (``teacher.phone_frames``; cached posteriors in <cache>/<name>/phones.npy): the causal phone reader
+    phone_weight: float = 0.0
     # SpecAugment (Park et al. 2019) on the normalised log-mel of every crop, targets unchanged: this many
     # frequency masks of up to freq_mask_max bands and time masks of up to time_mask_max 10 ms frames
     freq_masks: int = 0
@@ -95,8 +98,8 @@ class TrainConfig:
                 or not 1 <= self.time_mask_max <= self.crop_frames:
             raise ValueError("freq_masks/time_masks must be >= 0, freq_mask_max 1..n_mels/2 and time_mask_max "
                              "1..crop_frames (10 ms frames)")
-        if self.teacher_weight < 0:
-            raise ValueError("teacher_weight must be >= 0 (0 = units only)")
+        if self.teacher_weight < 0 or self.phone_weight < 0:
+            raise ValueError("teacher_weight and phone_weight must be >= 0 (0 = off)")
         if self.init is not None and not Path(self.init).exists():
             raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()
@@ -116,8 +119,9 @@ def _speed_ratio(factor: float) -> tuple[int, int]:
 
 class _Batches:
     """Random aligned crops: audio (B, n*320) float32, units (B, n) int64 (-100 = padding),
-    VTLP filterbanks (B, n_mels, 257) and, with ``teacher_weight`` > 0, standardised teacher
-    features (B, n, 384) float32.
+    VTLP filterbanks (B, n_mels, 257), with ``teacher_weight`` > 0 standardised teacher
+    features (B, n, 384) float32 and with ``phone_weight`` > 0 frame phone labels (B, n) int64
+    (-100 = padding).
 
     Speed perturbation by factor f reads about ``n * f`` frames of the source, resamples
     their audio to ``n`` frames' length (pitch and formants move with it) and takes every
@@ -131,6 +135,7 @@ class _Batches:
         self.units = [c.units(k) for c in caches]
         self.teacher = [c.teacher(mmap=True) for c in caches] if teacher_norm is not None else None
         self.teacher_norm = teacher_norm
+        self.phones = [cached_phone_frames(c) for c in caches] if cfg.phone_weight else None
         self.caches = caches
         weights = []
         for ci, c in enumerate(caches):
@@ -152,6 +157,7 @@ class _Batches:
         audio = np.zeros((B, n * FRAME_SAMPLES), dtype=np.float32)
         units = np.full((B, n), -100, dtype=np.int64)
         teacher = np.zeros((B, n, self.teacher[0].shape[1]), dtype=np.float32) if self.teacher else None
+        phones = np.full((B, n), -100, dtype=np.int64) if self.phones else None
         fb_idx = np.zeros(B, dtype=np.int64)
         for b, j in enumerate(rng.choice(len(self.items), size=B, p=self.p)):
             ci, ui = self.items[j]
@@ -174,8 +180,10 @@ class _Batches:
             if teacher is not None:
                 mean, std = self.teacher_norm
                 teacher[b, :m] = (np.asarray(self.teacher[ci][src], dtype=np.float32) - mean) / std
+            if phones is not None:
+                phones[b, :m] = self.phones[ci][src]
             fb_idx[b] = self.pick_warp()
-        return audio, units, self.fbs[fb_idx], teacher
+        return audio, units, self.fbs[fb_idx], teacher, phones
 
     def speed_factor(self) -> float:
         if self.cfg.speed_prob > 0 and self.rng.random() < self.cfg.speed_prob:
@@ -268,7 +276,9 @@ def train_content(cfg: TrainConfig) -> Path:
     model = ContentEncoder(cfg.model)
     # training-only head: z -> standardised teacher features (paper 002's units keep only the argmax)
     head = torch.nn.Linear(cfg.model.unit_dim, TEACHER_DIM) if cfg.teacher_weight else None
-    params = [p for m in (model, head) if m is not None for p in m.parameters()]
+    # the causal phone reader: a linear head on z, kept in the checkpoint
+    phone_head = torch.nn.Linear(cfg.model.unit_dim, PHONE_TOKENS) if cfg.phone_weight else None
+    params = [p for m in (model, head, phone_head) if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt_path = out / "ckpt.pt"
     step, train_s = 0, 0.0
@@ -278,6 +288,8 @@ def train_content(cfg: TrainConfig) -> Path:
         model.load_state_dict(ck["model"])
         if head is not None:
             head.load_state_dict(ck["head"])
+        if phone_head is not None:
+            phone_head.load_state_dict(ck["phone_head"])
         opt.load_state_dict(ck["opt"])
         step, train_s = ck["step"], ck["train_s"]
         rng.bit_generator.state = ck["np_rng"]
@@ -299,19 +311,20 @@ def train_content(cfg: TrainConfig) -> Path:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_s": train_s,
                         "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                         "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz"),
-                        "head": head.state_dict() if head is not None else None}, f)
+                        "head": head.state_dict() if head is not None else None,
+                        "phone_head": phone_head.state_dict() if phone_head is not None else None}, f)
         log.info("checkpoint step %d (%.1f min trained)", step, train_s / 60)
 
     run_start = time.time()
     last_ckpt = time.time()
-    acc_ema, loss_ema, reg_ema = None, None, None
+    acc_ema, loss_ema, reg_ema, phone_ema = None, None, None, None
     model.train()
     while step < cfg.max_steps and (time.time() - run_start) < cfg.max_minutes * 60:
         t0 = time.time()
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.max_steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        audio, units, fbs, teacher = batches()
+        audio, units, fbs, teacher, phones = batches()
         audio_t, units_t = torch.from_numpy(audio), torch.from_numpy(units)
         state = model.init_state(cfg.batch_size)
         with torch.no_grad():
@@ -324,6 +337,7 @@ def train_content(cfg: TrainConfig) -> Path:
         if la:  # output t + L stands for frame t: it has heard L frames past it
             logits, z, units_t = logits[:, la:], z[:, la:], units_t[:, :-la]
             teacher = teacher[:, :-la] if teacher is not None else None
+            phones = phones[:, :-la] if phones is not None else None
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, k), units_t.reshape(-1), ignore_index=-100)
         ce = loss
         if head is not None:
@@ -331,6 +345,15 @@ def train_content(cfg: TrainConfig) -> Path:
             reg = ((head(z) - torch.from_numpy(teacher)).abs() * mask).sum() / (mask.sum() * teacher.shape[2])
             loss = loss + cfg.teacher_weight * reg
             reg_ema = reg.item() if reg_ema is None else 0.98 * reg_ema + 0.02 * reg.item()
+        if phone_head is not None:
+            phone_logits = phone_head(z)
+            pce = torch.nn.functional.cross_entropy(phone_logits.reshape(-1, PHONE_TOKENS),
+                                                    torch.from_numpy(phones).reshape(-1), ignore_index=-100)
+            loss = loss + cfg.phone_weight * pce
+            with torch.no_grad():
+                pmask = torch.from_numpy(phones) >= 0
+                pacc = (phone_logits.argmax(-1)[pmask] == torch.from_numpy(phones)[pmask]).float().mean().item()
+            phone_ema = pacc if phone_ema is None else 0.98 * phone_ema + 0.02 * pacc
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 5.0)
@@ -343,9 +366,10 @@ def train_content(cfg: TrainConfig) -> Path:
         acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
         loss_ema = ce.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * ce.item()
         if step % 20 == 0:
-            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s %.2f s/step",
+            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s%s %.2f s/step",
                      step, lr, ce.item(), loss_ema, acc, acc_ema,
-                     f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "", time.time() - t0)
+                     f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "",
+                     f" phone-acc (ema) {phone_ema:.3f}" if phone_ema is not None else "", time.time() - t0)
         if time.time() - last_ckpt > cfg.checkpoint_every_s:
             save()
             last_ckpt = time.time()

@@ -161,3 +161,130 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print(json.dumps(r))
     return 0
 
+
+
+# --------------------------------------------------------------------------- the causal phone reader
+
+
+class StudentReader:
+    """A ``rtanon train content`` checkpoint run offline on whole utterances, with its own lookahead: audio
+    (T,) float32 -> ``z`` (floor(T / 320), 256) and, with a phone head (``--phone-weight``), its phone log
+    probabilities (floor(T / 320), 191), frame ``t`` of each aligned with the input's frame ``t``."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        import torch
+
+        from rtanon.train.content import load_checkpoint
+        from rtanon.train.teacher import PHONE_TOKENS
+
+        ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        self.model = load_checkpoint(checkpoint)
+        self.head = None
+        if ck.get("phone_head"):
+            self.head = torch.nn.Linear(self.model.cfg.unit_dim, PHONE_TOKENS)
+            self.head.load_state_dict(ck["phone_head"])
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        import torch
+
+        la = self.model.cfg.lookahead_frames
+        n = len(x) // FRAME_SAMPLES
+        audio = np.concatenate([np.asarray(x, np.float32)[:n * FRAME_SAMPLES], np.zeros(la * FRAME_SAMPLES,
+                                                                                         np.float32)])
+        with torch.no_grad():
+            state = self.model.init_state(1)
+            logmel, _ = self.model.log_mel(torch.from_numpy(audio)[None], state[0])
+            _, z, _ = self.model.encode_logmel(logmel, state[1:])
+            z = z[:, la:la + n]
+            lp = torch.log_softmax(self.head(z), -1)[0].numpy() if self.head is not None else None
+        return z[0].numpy(), lp
+
+
+def switching_decode(log_probs: np.ndarray, penalty: float) -> np.ndarray:
+    """Frame log probabilities (T, K) -> the label sequence that maximises their sum minus ``penalty`` per
+    change of label (Viterbi over K states, every change costing the same): a frame classifier's argmax
+    flickers inside a phone, each flicker an inserted phone; 0 is the argmax."""
+    t, k = log_probs.shape
+    if t == 0:
+        return np.zeros(0, np.int64)
+    score = log_probs[0].astype(np.float64)
+    back = np.zeros((t, k), np.int64)
+    for i in range(1, t):
+        best = int(score.argmax())
+        switch = score[best] - penalty
+        stay = score >= switch
+        back[i] = np.where(stay, np.arange(k), best)
+        score = np.where(stay, score, switch) + log_probs[i]
+    path = np.empty(t, np.int64)
+    path[-1] = int(score.argmax())
+    for i in range(t - 1, 0, -1):
+        path[i - 1] = back[i, path[i]]
+    return path
+
+
+def frame_phones_to_string(labels: np.ndarray, tokens: list[str]) -> list[str]:
+    """Frame labels -> phones: runs collapsed, silence (the blank) and word boundaries dropped."""
+    from rtanon.train.teacher import PHONE_BLANK, PHONE_WB
+
+    keep = np.concatenate([[True], labels[1:] != labels[:-1]]) if len(labels) else np.zeros(0, bool)
+    return [tokens[i] for i in labels[keep] if i not in (PHONE_BLANK, PHONE_WB)]
+
+
+def phone_error_rates(checkpoint: Path, data_dirs: list[Path], per_speaker: int | None, seed: int = 0,
+                      penalty: float = 0.0) -> dict:
+    """The causal phone reader (a ``--phone-weight`` checkpoint's head on ``z``) and hama (non-causal) on
+    evaluation sets: PER of each against the transcripts' canonical phones (hama's G2P), of the reader
+    against hama's own phones, and the reader's frame agreement with hama's phones spread over their
+    frames (its training target)."""
+    import hama
+
+    from rtanon.audio_io import read_audio
+    from rtanon.eval.metrics import error_counts
+    from rtanon.eval.runner import _per_speaker
+    from rtanon.eval.textnorm import normalize
+    from rtanon.kaldi import KaldiDir
+    from rtanon.train.teacher import hama_phone_posteriors, phone_frames
+
+    reader = StudentReader(checkpoint)
+    if reader.head is None:
+        raise SystemExit(f"{checkpoint}: no phone head (train with --phone-weight)")
+    posteriors = hama_phone_posteriors()
+    teacher, g2p = hama.ASRModel(), hama.G2PModel()
+    tokens = teacher.decoder_tokens
+    out = {}
+    for d in data_dirs:
+        kd = _per_speaker(KaldiDir.load(d), per_speaker, seed)
+        err = {"reader_vs_text": np.zeros(2), "hama_vs_text": np.zeros(2), "reader_vs_hama": np.zeros(2)}
+        agree = np.zeros(2)
+        utts = [u for u in sorted(kd.wav) if u in kd.text]
+        for u in utts:
+            x = read_audio(kd.wav[u])
+            canonical = [a.phoneme for a in g2p.predict(" ".join(normalize(kd.text[u]))).alignments
+                         if a.phoneme.strip()]
+            heard = list(teacher.transcribe_waveform(x, 16000).phonemes)
+            _, lp = reader(x)
+            said = switching_decode(lp, penalty)
+            target = phone_frames(posteriors(x))[:len(said)]
+            agree += ((said[:len(target)] == target).sum(), len(target))
+            hyp = frame_phones_to_string(said, tokens)
+            for key, ref, h in (("reader_vs_text", canonical, hyp), ("hama_vs_text", canonical, heard),
+                                ("reader_vs_hama", heard, hyp)):
+                err[key] += (sum(error_counts(ref, h)), len(ref))
+        out[Path(d).name] = {**{k: float(v[0] / max(1, v[1])) for k, v in err.items()},
+                             "frame_agreement": float(agree[0] / max(1, agree[1])), "utterances": len(utts)}
+    return out
+
+
+def main_phone_eval(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=phone_error_rates.__doc__)
+    ap.add_argument("checkpoint", type=Path, help="a rtanon train content --phone-weight checkpoint (ckpt.pt)")
+    ap.add_argument("--data", nargs="+", required=True, type=Path, metavar="KALDI_DIR",
+                    help="evaluation sets with transcripts (so762_dev, libri_devclean)")
+    ap.add_argument("--utts-per-speaker", type=int, default=4, help="utterances per speaker, seeded (default 4)")
+    ap.add_argument("--penalty", type=float, default=0.0,
+                    help="log-probability cost of each change of phone in the decoding (switching_decode; choose it "
+                         "on training speech, default 0: the frame argmax)")
+    args = ap.parse_args(argv)
+    print(json.dumps(phone_error_rates(args.checkpoint, args.data, args.utts_per_speaker,
+                                       penalty=args.penalty), indent=1))
+    return 0

@@ -39,7 +39,10 @@ from torch import nn
 
 from rtanon import atomic
 
-INPUTS = {"whisper": 384, "phones": 191, "z": 256, "mel": 80}
+INPUTS = {"whisper": 384, "phones": 191, "phoneframes": 191, "z": 256, "mel": 80, "student": 256,
+          "studentphones": 191}
+#: inputs read from a content checkpoint (``--student``) instead of the shipped encoder or a teacher
+STUDENT_INPUTS = ("student", "studentphones")
 POINTS = 48  # envelope points per 10 ms: VocoderConfig.envelope_points of the shipped vocoders
 LOG_FLOOR = -9.0  # log amplitude floor of the targets (about -78 dB)
 
@@ -111,8 +114,14 @@ def synthesise_points(f0_hz: np.ndarray, env_h: np.ndarray, env_n: np.ndarray, s
 # --------------------------------------------------------------------------- features
 
 
-def _content(kind: str):
-    """Per-process content extractors: audio (T,) float32 16 kHz -> (floor(T / 320), D) float32."""
+def _content(kind: str, student: str | None = None):
+    """Per-process content extractors: audio (T,) float32 16 kHz -> (floor(T / 320), D) float32; the
+    ``STUDENT_INPUTS`` read the content checkpoint ``student`` (its ``z`` or its phone log probabilities)."""
+    if kind in STUDENT_INPUTS:
+        from rtanon.train.content_eval import StudentReader
+
+        reader = StudentReader(Path(student))
+        return lambda x: reader(x)[0 if kind == "student" else 1]
     if kind == "whisper":
         from rtanon.train.teacher import TEACHER_DIM, WINDOW_SAMPLES, need_module, teacher_model_path
 
@@ -139,6 +148,11 @@ def _content(kind: str):
         from rtanon.train.teacher import hama_phone_posteriors
 
         return hama_phone_posteriors()
+    if kind == "phoneframes":
+        from rtanon.train.teacher import hama_phone_posteriors, phone_frames
+
+        phones = hama_phone_posteriors()
+        return lambda x: _one_hot(phone_frames(phones(x)))
     if kind == "mel":
         from rtanon.neural.input_mel import log_mel_frames
 
@@ -155,6 +169,10 @@ def _content(kind: str):
             return np.concatenate([out[:n], pad]).astype(np.float32)
         return z
     raise KeyError(kind)
+
+
+def _one_hot(labels: np.ndarray) -> np.ndarray:
+    return np.eye(INPUTS["phoneframes"], dtype=np.float32)[labels]
 
 
 def target_envelopes(x: np.ndarray, f0: np.ndarray) -> np.ndarray:
@@ -224,9 +242,17 @@ def _cached_mel(cache) -> np.ndarray:
                            zip(cache.audio_offset, cache.audio_len, cache.frame_len)])
 
 
+def _student_content(cache, kind: str, student: str) -> np.ndarray:
+    """A content checkpoint's output on every cached utterance (computed on load)."""
+    extract = _content(kind, student)
+    audio = cache.audio()
+    return np.concatenate([extract(audio[o:o + n].astype(np.float32) / 32767.0)[:t] for o, n, t in
+                           zip(cache.audio_offset, cache.audio_len, cache.frame_len)])
+
+
 class _Data:
-    def __init__(self, roots: list[Path], kind: str) -> None:
-        from rtanon.train.teacher import CorpusCache
+    def __init__(self, roots: list[Path], kind: str, student: str | None = None) -> None:
+        from rtanon.train.teacher import CorpusCache, cached_phone_frames
 
         self.items = []
         for root in roots:
@@ -234,6 +260,9 @@ class _Data:
             with np.load(root / "envprobe.npz") as npz:  # each key read once (a key access reads it whole)
                 env, f0, emb = npz["env"], npz["f0"], npz["emb"]
                 content = {"whisper": lambda: cache.teacher(mmap=False), "phones": lambda: np.load(root / "phones.npy"),
+                           "phoneframes": lambda: _one_hot(cached_phone_frames(cache)).astype(np.float16),
+                           "student": lambda: _student_content(cache, kind, student),
+                           "studentphones": lambda: _student_content(cache, kind, student),
                            "z": lambda: npz["z"], "mel": lambda: _cached_mel(cache)}[kind]()
             for i in range(len(cache.utts)):
                 o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
@@ -268,7 +297,9 @@ def envelope_loss(pred: torch.Tensor, target: torch.Tensor, voiced: torch.Tensor
 def train(args) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    data = _Data([Path(c) for c in args.cache], args.input)
+    if (args.input in STUDENT_INPUTS) != (args.student is not None):
+        raise SystemExit(f"--student CKPT goes with --input {' or '.join(STUDENT_INPUTS)} (and only with them)")
+    data = _Data([Path(c) for c in args.cache], args.input, args.student)
     net = EnvelopeRegressor(INPUTS[args.input])
     opt = torch.optim.AdamW(net.parameters(), 1e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=args.steps, pct_start=0.05)
@@ -285,16 +316,17 @@ def train(args) -> None:
             print(f"{args.input} step {step}: L1 {float(loss.detach()):.3f} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
     with atomic.atomic_open(args.out) as f:
-        torch.save({"input": args.input, "state": net.state_dict(), "steps": args.steps,
+        torch.save({"input": args.input, "state": net.state_dict(), "steps": args.steps, "student": args.student,
                     "cache": [str(c) for c in args.cache]}, f)
     print(f"wrote {args.out}")
 
 
-def load(path: str | Path) -> tuple[str, EnvelopeRegressor]:
+def load(path: str | Path) -> tuple[str, EnvelopeRegressor, str | None]:
+    """-> the probe's input, its regressor and the content checkpoint it read (``STUDENT_INPUTS``)."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     net = EnvelopeRegressor(INPUTS[ckpt["input"]])
     net.load_state_dict(ckpt["state"])
-    return ckpt["input"], net.eval()
+    return ckpt["input"], net.eval(), ckpt.get("student")
 
 
 def predict(net: EnvelopeRegressor, content: np.ndarray, speaker: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -318,6 +350,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--student", default=None, metavar="CKPT",
+                   help=f"the content checkpoint the {' and '.join(STUDENT_INPUTS)} inputs read")
     p.set_defaults(func=train)
     args = ap.parse_args(argv)
     from rtanon.train.shards import looks_like_eval_dir

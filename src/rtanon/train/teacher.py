@@ -242,3 +242,44 @@ def hama_phone_posteriors():
         out[m:] = lp[-1]
         return out
     return phones
+
+
+PHONE_WB = 189  # hama's word boundary token
+PHONE_BLANK = 190  # hama's CTC blank; as a frame label: no phone within reach (silence, pauses)
+
+
+def phone_frames(log_post: np.ndarray, reach: int = 4) -> np.ndarray:
+    """hama's CTC posteriors of one utterance (T, 191) -> a phone label per frame (T,) int64.
+
+    CTC calls each phone in one or two frames ("spikes") between blanks, which makes no frame-rate content
+    (the envelope probe read hama's raw posteriors 57 WER points worse than the input's own spectrum). Each
+    frame takes the phone of the nearest spike (runs of one phone count once, at their centre; the word
+    boundary is not a phone), so the boundary between two phones falls halfway between their spikes;
+    a frame further than ``reach`` frames from every spike is ``PHONE_BLANK`` (silence)."""
+    ids = np.asarray(log_post).argmax(-1)
+    t = len(ids)
+    labels = np.full(t, PHONE_BLANK, np.int64)
+    is_phone = (ids != PHONE_BLANK) & (ids != PHONE_WB)
+    if not is_phone.any():
+        return labels
+    starts = np.flatnonzero(is_phone & np.concatenate([[True], ids[1:] != ids[:-1]]))
+    ends = np.concatenate([starts[1:], [t]])
+    run_end = np.array([s + int(np.argmax(ids[s:e] != ids[s])) if (ids[s:e] != ids[s]).any() else e
+                        for s, e in zip(starts, ends)])
+    centres = (starts + run_end - 1) / 2.0
+    frames = np.arange(t)
+    right = np.clip(np.searchsorted(centres, frames), 0, len(centres) - 1)
+    left = np.clip(right - 1, 0, len(centres) - 1)
+    nearest = np.where(np.abs(centres[left] - frames) <= np.abs(centres[right] - frames), left, right)
+    near = np.abs(centres[nearest] - frames) <= reach
+    labels[near] = ids[starts[nearest[near]]]
+    return labels
+
+
+def cached_phone_frames(cache: CorpusCache, reach: int = 4) -> np.ndarray:
+    """``phone_frames`` of every cached utterance: (total_frames,) int64, from ``phones.npy``."""
+    post = phone_posteriors(cache)
+    out = np.full(int(cache.frame_len.sum()), PHONE_BLANK, np.int64)
+    for o, t in zip(cache.frame_offset, cache.frame_len):
+        out[o:o + t] = phone_frames(post[o:o + t], reach)
+    return out

@@ -20,6 +20,8 @@ TOOLS = {
                          "unpacked there, z computed from the decoded audio"),
     "content-eval": ("content_eval", "the content encoder's held-out figures: teacher top-1, probe R2, "
                                      "speaker-ID"),
+    "phone-eval": ("content_eval:main_phone_eval", "the causal phone reader's PER on evaluation sets, against "
+                                                   "the transcripts' phones and hama's"),
     "wer-paired": ("wer_paired", "per-utterance WER of a system with a fresh voice per utterance, and paired "
                                  "bootstrap comparisons between systems"),
     "budget": ("budget", "the intelligibility budget: WER and PER stage by stage, from the synthesiser's ceiling "

@@ -42,6 +42,9 @@ def register(sub) -> None:
     p.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
                    help="weight of the L1 regression of the teacher's Whisper features from z, beside the unit "
                         f"cross-entropy (default {d.teacher_weight}: units only)")
+    p.add_argument("--phone-weight", type=float, default=d.phone_weight,
+                   help="weight of the cross-entropy of a linear phone head on z against hama's phones spread "
+                        f"over their frames (the causal phone reader; default {d.phone_weight}: off)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
     p.add_argument("--freq-masks", type=int, default=d.freq_masks, metavar="N",
@@ -69,7 +72,7 @@ def run(args) -> int:
                                     dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames,
                                     cmn_frames=args.cmn_frames),
                       max_steps=args.max_steps, max_minutes=args.max_minutes, threads=args.threads,
-                      teacher_weight=args.teacher_weight, speed_prob=args.speed_prob,
+                      teacher_weight=args.teacher_weight, phone_weight=args.phone_weight, speed_prob=args.speed_prob,
                       freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()
