@@ -9,7 +9,9 @@
 # the shards with the content encoder's torch weights (z from the decoded audio, on CUDA) into OUT_DIR/shards,
 # then fine-tunes with the balanced recipe (from the balanced generator; on CUDA the MPD/MSD losses join at
 # step 0 unless --no-gan) for MINUTES, and leaves OUT_DIR/generator.pt, train.log and vocoder.onnx;
-# `rtanon lab package-vocoder OUT_DIR/generator.pt DIR` packages it where rtanon is set up. TRAIN_OPTIONs
+# `rtanon lab package-vocoder OUT_DIR/generator.pt DIR` packages it where rtanon is set up. CONTENT_WEIGHTS
+# names another content encoder's torch weights (`rtanon lab export-content ... --weights FILE`; default
+# the shipped one): its z is computed at unpacking and read by the content loss. TRAIN_OPTIONs
 # go to `rtanon train vocoder` after the recipe's and win over them (e.g. --init FILE). The shipped balanced
 # vocoder's last stage was `... 4.0 --no-gan --threads 6 --speaker-adversary 3 --init STEP6_GENERATOR`
 # (models/neural/MODEL_CARD.md, recipe step 7). A machine
@@ -29,7 +31,7 @@ if ! "$py" -c "import soundfile" 2>/dev/null; then
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}src PYTHONUNBUFFERED=1
 "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to PyTorch')"
-weights=models/content/content_encoder.pt
+weights=${CONTENT_WEIGHTS:-models/content/content_encoder.pt}
 shards=$pack
 if ! grep -q '"rtanon-vocoder-shards' "$pack/manifest.json"; then
   shards=$out/shards
