@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _raise_interrupted(signum, frame):
-    interrupt(signum)
+    interrupt(signum, frame)
 
 
 def main(argv: list[str] | None = None) -> int:

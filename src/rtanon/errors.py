@@ -41,13 +41,26 @@ class Interrupted(BaseException):
 _signals: list[int] = []  # the signals the CLI's handlers turned into exceptions, this run
 
 
-def interrupt(signum: int) -> None:
+def interrupt(signum: int, frame=None) -> None:
     """Raises what signal ``signum`` asks for (KeyboardInterrupt for SIGINT, else Interrupted), and
-    remembers it for ``raise_if_interrupted``."""
+    remembers it for ``raise_if_interrupted``. Where ``frame`` (the signal handler's) runs inside a
+    destructor, it only remembers: Python would swallow the exception there, and the destructor, cut short,
+    leaves its object half torn down (a CI run: llvmlite's ``ObjectRef`` lost an attribute and printed a
+    traceback at exit)."""
     _signals.append(signum)
+    if _in_destructor(frame):
+        return
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Interrupted(signum)
+
+
+def _in_destructor(frame, depth: int = 64) -> bool:
+    while frame is not None and depth > 0:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 def raise_if_interrupted() -> None:
