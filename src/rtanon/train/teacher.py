@@ -262,11 +262,10 @@ def phone_frames(log_post: np.ndarray, reach: int = 4) -> np.ndarray:
     is_phone = (ids != PHONE_BLANK) & (ids != PHONE_WB)
     if not is_phone.any():
         return labels
-    starts = np.flatnonzero(is_phone & np.concatenate([[True], ids[1:] != ids[:-1]]))
-    ends = np.concatenate([starts[1:], [t]])
-    run_end = np.array([s + int(np.argmax(ids[s:e] != ids[s])) if (ids[s:e] != ids[s]).any() else e
-                        for s, e in zip(starts, ends)])
-    centres = (starts + run_end - 1) / 2.0
+    change = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    starts, ends = np.concatenate([[0], change]), np.concatenate([change, [t]])  # runs of one token
+    starts, ends = starts[is_phone[starts]], ends[is_phone[starts]]
+    centres = (starts + ends - 1) / 2.0
     frames = np.arange(t)
     right = np.clip(np.searchsorted(centres, frames), 0, len(centres) - 1)
     left = np.clip(right - 1, 0, len(centres) - 1)
