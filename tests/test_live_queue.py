@@ -67,6 +67,23 @@ def test_a_burst_is_given_back_only_once_everything_queued_is_non_speech(session
     assert _ms(path.ring.readable) <= 5 + 20 + 1
 
 
+def test_a_burst_is_given_back_in_pauses_shorter_than_the_queue(session, clock):
+    """The soak's speech (utterances 0.5 s apart): after a SIGSTOP the queue kept 170 ms beyond its margin
+    for good: the gate's pauses were shorter than the queue, which was never all non-speech."""
+    path = _path(session, jitter_ms=5, window_s=1.0)
+    played = _steady(path, clock, 2.0, speech=True)
+    for _ in range(8):  # a 160 ms burst of speech
+        path.push(np.full(CHUNK, 0.1, np.float32), speech=True)
+    for _ in range(4):  # 1.5 s utterances, 0.1 s pauses, shorter than the queue (their output marked 0.02)
+        played += _steady(path, clock, 1.5, speech=True)
+        played += _steady(path, clock, 0.1, speech=False, chunk_value=0.02)
+    assert _ms(path.ring.readable) <= 5 + 20 + 1  # given back
+    rest = np.empty(path.ring.readable, np.float32)
+    path.play(rest, muted=False)
+    speech_pushed = (2.0 + 4 * 1.5) * 50 * CHUNK + 8 * CHUNK
+    assert np.count_nonzero(np.concatenate(played + [rest]) == np.float32(0.1)) == speech_pushed  # none cut
+
+
 def test_an_underflow_grows_the_margin_and_a_steady_path_shrinks_it_back(session, clock):
     cfg = dict(jitter_ms=5, max_jitter_ms=40, jitter_step_ms=2, steady_s=2.0)
     path = _path(session, **cfg)
@@ -80,7 +97,8 @@ def test_an_underflow_grows_the_margin_and_a_steady_path_shrinks_it_back(session
     grown = path.margin
     assert base < grown <= path._samples(40)
     _steady(path, clock, 2.5, speech=False)
-    assert path.margin == grown - path._samples(2)  # one step back after steady_s without an underflow
+    # after steady_s without an underflow: half the way back
+    assert path.margin == grown - max(path._samples(2), (grown - base) // 2)
     _steady(path, clock, 60.0, speech=False)
     assert path.margin == base
 
@@ -154,9 +172,7 @@ class _FakeStream:
         self.closed = True
 
 
-def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
-    """A 10-minute run on PulseAudio: after an underrun the ALSA pulse plug-in's output stream stayed
-    'active' and never called back again; the virtual microphone fell silent for good."""
+def _watched_device(monkeypatch, clock):
     from rtanon.live import DeviceStream
 
     dev = DeviceStream("output", "pulse", {"PULSE_SINK": "rtanon_sink"}, RATE, BLOCK, callback=None)
@@ -169,14 +185,51 @@ def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
 
     monkeypatch.setattr(dev, "open", fake_open)
     dev.open()
+    return dev, opened
+
+
+def _watch_for(dev, clock, seconds: float, last_callback: float | None, step: float = 0.25) -> None:
+    """run_live's device watch: every ``step`` s for ``seconds``."""
+    for _ in range(round(seconds / step)):
+        clock.t += step
+        dev.watch(True, last_callback)
+
+
+def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
+    """A 10-minute run on PulseAudio: after an underrun the ALSA pulse plug-in's output stream stayed
+    'active' and never called back again; the virtual microphone fell silent for good. Under CPU overload
+    (the soak) it hung so for 2.5 s at a time, until the old limit reopened it."""
+    from rtanon.live import DeviceStream
+
+    dev, opened = _watched_device(monkeypatch, clock)
     first = dev.stream
-    last_callback = clock.t
-    clock.t += 0.5
-    dev.watch(True, last_callback)  # a callback half a second ago: fine
+    # fresh: PulseAudio may hold it 1.5 s after the first callback (the prefill); that is no hang
+    _watch_for(dev, clock, 2.0, last_callback=clock.t)
     assert dev.stream is first and dev.stuck == 0
-    clock.t += DeviceStream.STUCK_S
-    dev.watch(True, last_callback)
+    _watch_for(dev, clock, 5.0, last_callback=None)  # flowing (an input: never judged by callbacks)
+    last = clock.t
+    _watch_for(dev, clock, DeviceStream.STALL_S, last)
+    assert dev.stream is first and dev.stuck == 0
+    _watch_for(dev, clock, 0.25, last)  # flowed, then nothing for more than STALL_S: hung
     assert first.closed and dev.stream is not first and dev.stuck == 1 and dev.reopens == 1
-    clock.t += 0.5
-    dev.watch(True, last_callback)  # counted from the reopening, not from the old stream's last callback
+    _watch_for(dev, clock, 2.0, last)  # counted from the reopening, with the fresh stream's limit
     assert dev.stuck == 1 and len(opened) == 2
+    _watch_for(dev, clock, 1.0, last)
+    assert dev.stuck == 2 and len(opened) == 3
+
+
+def test_time_the_process_did_not_run_is_no_stall(monkeypatch, clock):
+    """SIGSTOP or a starved process: the watch itself comes late; the stream gets STALL_S from then."""
+    from rtanon.live import DeviceStream
+
+    dev, _ = _watched_device(monkeypatch, clock)
+    first = dev.stream
+    _watch_for(dev, clock, 5.0, last_callback=None)
+    last = clock.t
+    clock.t += 1.0  # stopped for a second: no callback and no watch
+    dev.watch(True, last)
+    assert dev.stream is first and dev.stuck == 0
+    _watch_for(dev, clock, DeviceStream.STALL_S, last)
+    assert dev.stream is first
+    _watch_for(dev, clock, 0.25, last)
+    assert dev.stuck == 1

@@ -35,13 +35,14 @@ class LiveConfig:
     """How the live loop queues processed audio for the output device (an adaptive jitter buffer).
 
     ``jitter_ms``: the margin of processed audio the output queue keeps after every output callback, at
-    least; it grows by what was missing at each underflow (up to ``max_jitter_ms``) and shrinks back by
-    ``jitter_step_ms`` every ``steady_s`` without one. Every ``window_s`` the queue gives back what it held
-    beyond the margin throughout the window, only while everything queued is non-speech (comfort noise:
-    never a word cut). ``max_queue_ms``: beyond this the queue is trimmed at once (clock drift between
-    devices); ``block_ms``: device callback size; ``server_latency_ms``: the buffering rtanon asks the
-    audio server for on its own streams (``server_latency``; 0: the server's default); ``resampler_quality``:
-    soxr quality for device rates other than 16 kHz (``"LQ"`` keeps its delay low).
+    least; it grows by what was missing at each underflow (up to ``max_jitter_ms``) and shrinks back every
+    ``steady_s`` without one, by half its excess over ``jitter_ms`` and at least ``jitter_step_ms``. What
+    the queue held beyond the margin throughout the last ``window_s`` it gives back from the next
+    non-speech output (comfort noise: never a word cut), up to all of it. ``max_queue_ms``: beyond this
+    the queue is trimmed at once (clock drift between devices); ``block_ms``: device callback size;
+    ``server_latency_ms``: the buffering rtanon asks the audio server for on its own streams
+    (``server_latency``; 0: the server's default); ``resampler_quality``: soxr quality for device rates
+    other than 16 kHz (``"LQ"`` keeps its delay low).
 
     The defaults come from ``rtanon bench --e2e`` on a 2-core machine (docs/lab-notes/live-delay.md):
     a 20 ms margin and the server's default buffering cost 40-50 ms more than 5 and 15 ms with no
@@ -126,7 +127,6 @@ class _OutputPath:
         self._low = None  # least audio left after an output callback this window (negative: it ran short)
         self._low_before = None  # the same for the window before
         self._shortfall = 0  # the largest shortfall since the worker last looked (set by the callback)
-        self._quiet = 0  # non-speech samples at the end of the queue (all of it is when >= readable)
         self._window_start = self._last_change = self.last_read_at = time.monotonic()
         self.queue_at_push_ms = RecentValues()  # audio still queued when a chunk's output arrived: its wait
 
@@ -163,8 +163,8 @@ class _OutputPath:
     def push(self, y16: np.ndarray, speech: bool = True) -> int:
         """Queues 16 kHz output (``speech``: the session's gate was open for it); returns 1 when the queue
         was trimmed: beyond ``max_queue_ms`` (clock drift), or beyond the margin while the device took nothing
-        for ``STALL_S``, or, while all of it is non-speech, what it held beyond the margin for a whole window
-        (a margin grown on an underflow, a burst)."""
+        for ``STALL_S``, or, for non-speech output, what the queue held beyond the margin for a whole window
+        (a margin grown on an underflow, a burst), which is taken out of that non-speech output."""
         cfg = self.config
         y = self.from16.resample_chunk(y16) if self.from16 is not None else y16
         now = time.monotonic()
@@ -172,35 +172,32 @@ class _OutputPath:
             self.ring.write(self.noise[: self.margin].copy())
             self.flowing = True
             self._window_start = self._last_change = now
-        self.queue_at_push_ms.add(1000.0 * self.ring.readable / self.rate_hz)
-        self.ring.write(np.ascontiguousarray(y, np.float32))
-        self._quiet = 0 if speech else self._quiet + y.shape[0]
         shortfall, self._shortfall = self._shortfall, 0
+        base = self._samples(cfg.jitter_ms)
         if shortfall:  # the audio after it is already later by the shortfall; keep that much more
             self.margin = min(self.margin + shortfall, self._samples(cfg.max_jitter_ms))
             self._last_change = now
-        elif now - self._last_change >= cfg.steady_s:
-            self.margin = max(self._samples(cfg.jitter_ms), self.margin - self._samples(cfg.jitter_step_ms))
+        elif now - self._last_change >= cfg.steady_s:  # half the way back, at least a step
+            self.margin = max(base, self.margin - max(self._samples(cfg.jitter_step_ms), (self.margin - base) // 2))
             self._last_change = now
+        if now - self._window_start >= cfg.window_s:
+            self._low_before, self._low = self._low, None
+            self._window_start = now
+        drop = 0
+        if not speech and not shortfall and self._low_before is not None:
+            low = self._low_before if self._low is None else min(self._low_before, self._low)
+            drop = min(max(0, low - self.margin), y.shape[0])  # held beyond the margin for at least a window
+            self._low_before -= drop
+            if self._low is not None:
+                self._low -= drop
+        self.queue_at_push_ms.add(1000.0 * self.ring.readable / self.rate_hz)
+        self.ring.write(np.ascontiguousarray(y[drop:], np.float32))
         stalled = now - self.last_read_at > self.STALL_S  # the device takes nothing (starting, stuck, gone)
         excess = self.ring.readable - (self.margin if stalled else self._samples(cfg.max_queue_ms))
         if excess > 0:  # what would play late: the newest audio stays
             self.ring.discard(excess)
             return 1
-        if now - self._window_start >= cfg.window_s:
-            self._low_before, self._low = self._low, None
-            self._window_start = now
-        if shortfall or self._low_before is None or self._quiet < self.ring.readable:
-            return 0
-        low = self._low_before if self._low is None else min(self._low_before, self._low)
-        surplus = low - self.margin  # held beyond the margin for at least a whole window
-        if surplus <= 0:
-            return 0
-        self.ring.discard(surplus)
-        self._low_before -= surplus
-        if self._low is not None:
-            self._low -= surplus
-        return 1
+        return int(drop > 0)
 
 
 class LiveCore:
@@ -542,6 +539,7 @@ class DeviceStream:
 
     RETRY_S = 0.2
     STUCK_S = 2.5  # PulseAudio can hold a fresh output stream for 1.5 s before it flows
+    STALL_S = 0.5  # past that, a stream that waits this long for a callback has hung
 
     def __init__(self, kind: str, device, env: dict[str, str], rate: int, blocksize: int, callback) -> None:
         self.kind, self.device, self.env = kind, device, env
@@ -553,6 +551,7 @@ class DeviceStream:
         self.opened_at = 0.0
         self.last_error = ""
         self._next_try = 0.0
+        self._watched_at = self._resumed_at = 0.0  # the last watch; when watching resumed after a pause
 
     @property
     def up(self) -> bool:
@@ -590,14 +589,22 @@ class DeviceStream:
     def watch(self, present: bool | None, last_callback_at: float | None = None) -> None:
         """Reopens the stream if it died, its PulseAudio device went away (``present`` False), or it is
         stuck: no callback (``last_callback_at``, monotonic; given for outputs, whose device always takes
-        audio, not for inputs: a monitor source with nothing playing delivers nothing) for ``STUCK_S``
-        although PortAudio calls it active (the ALSA pulse plug-in can hang so after an underrun: the
-        virtual microphone fell silent for good in a 10-minute run); retries every ``RETRY_S`` while it
-        cannot."""
+        audio, not for inputs: a monitor source with nothing playing delivers nothing) for ``STUCK_S`` after
+        it opened, ``STALL_S`` later on, although PortAudio calls it active (the ALSA pulse plug-in can hang
+        so after an underrun: the virtual microphone fell silent for good in a 10-minute run, and for
+        2.5 s at a time under CPU overload until this reopened it). Time this process did not run (stopped,
+        starved: the watch came ``STALL_S`` late) does not count. Retries every ``RETRY_S`` while it cannot
+        open."""
+        now = time.monotonic()
+        if now - self._watched_at > self.STALL_S:
+            self._resumed_at = now
+        self._watched_at = now
         if self.stream is not None and last_callback_at is not None:
-            if time.monotonic() - max(self.opened_at, last_callback_at) > self.STUCK_S:
+            fresh = now - self.opened_at < self.STUCK_S
+            silent = now - max(self.opened_at, last_callback_at, self._resumed_at)
+            if silent > (self.STUCK_S if fresh else self.STALL_S):
                 self.stuck += 1
-                self.last_error = f"no callback for {self.STUCK_S:g} s: reopened"
+                self.last_error = f"no callback for {silent:.1f} s: reopened"
                 self.close()
         if self.stream is not None and (not self.stream.active or present is False):
             self.close()
@@ -621,6 +628,13 @@ class DelayMeter:
         self.in_s = 0.0
         self.out_s = 0.0
         self.in_ms, self.out_ms = RecentValues(), RecentValues()  # the plausible reports, for their medians
+        self.out_gap_s = 0.0  # the longest wait between two output callbacks since ``take_out_gap``
+        self._last_out: float | None = None
+
+    def take_out_gap(self) -> float:
+        """The longest wait between two output callbacks since the last call, in s (the output stalled)."""
+        gap, self.out_gap_s = self.out_gap_s, 0.0
+        return gap
 
     def on_input(self, time_info) -> None:
         d = time_info.currentTime - time_info.inputBufferAdcTime
@@ -629,6 +643,10 @@ class DelayMeter:
             self.in_ms.add(1000.0 * d)
 
     def on_output(self, time_info) -> None:
+        now = time.monotonic()
+        if self._last_out is not None:
+            self.out_gap_s = max(self.out_gap_s, now - self._last_out)
+        self._last_out = now
         d = time_info.outputBufferDacTime - time_info.currentTime
         self.out_s = d if 0.0 < d < 2.0 else 0.0
         if self.out_s:
@@ -744,7 +762,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                     "worker_errors": core.worker_errors, "input_skips": core.input_skips,
                     "drift_trims": core.drift_trims, "input_up": inp.up, "output_up": out.up,
                     "input_reopens": inp.reopens, "output_reopens": out.reopens,
-                    "output_stuck": out.stuck}) + "\n")
+                    "output_stuck": out.stuck,
+                    "output_gap_ms": round(1000.0 * delay.take_out_gap(), 1)}) + "\n")
                 json_status.flush()
     except KeyboardInterrupt:
         core.interrupted = True

@@ -407,7 +407,8 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
         before = [r for r in soak.status if r["t_soak"] <= f.start_s]
         after = [r for r in soak.status if r["t_soak"] <= end + 5.0]
         inc = {k: (after[-1][k] - before[-1][k]) if before and after else None
-               for k in ("missed_deadlines", "input_overflows", "output_underflows", "stage_errors")}
+               for k in ("missed_deadlines", "input_overflows", "output_underflows", "stage_errors",
+                         "input_skips", "drift_trims", "output_stuck")}
         win = [c for t, c in xc if t + XCORR_WINDOW_S > f.start_s and t < end + 10.0]
         faults.append({**asdict(f), "recovery_s": None if lag_s is None else (back or 0.0) + max(0.0, lag_s - base_lag),
                        "onset_lag_s": lag_s, "max_xcorr_during_and_after": max(win) if win else None,
@@ -431,7 +432,7 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
         "counters": {k: last_status.get(k) for k in ("chunks", "speech_chunks", "missed_deadlines", "input_overflows",
                                                      "output_underflows", "stage_errors", "worker_errors",
                                                      "input_skips", "drift_trims", "input_reopens",
-                                                     "output_reopens")},
+                                                     "output_reopens", "output_stuck")},
         "rss_mb": {"first_median": float(np.median(rss_first)) if rss_first else None,
                    "last_median": float(np.median(rss_last)) if rss_last else None, "growth": rss_growth,
                    "max": max((m for _, m in rss), default=None),
@@ -466,7 +467,8 @@ def format_report(r: dict) -> str:
         f"(status line: {r['status_delay_ms']} ms, {'server-reported' if r['status_delay_measured'] else 'estimated'})",
         f"missed deadlines {c['missed_deadlines']}, xruns {(c['input_overflows'] or 0) + (c['output_underflows'] or 0)}"
         f" (in {c['input_overflows']}, out {c['output_underflows']}), stage errors {c['stage_errors']}, worker errors "
-        f"{c['worker_errors']}, reopened input {c['input_reopens']} / output {c['output_reopens']} times",
+        f"{c['worker_errors']}, reopened input {c['input_reopens']} / output {c['output_reopens']} times "
+        f"(output stuck without callbacks {c.get('output_stuck')})",
         f"resident memory: first {_f(m['first_median'])} MB, last {_f(m['last_median'])} MB, growth "
         f"{m['growth']:+.1f} MB, max {_f(m['max'])} MB",
         f"max normalised cross-correlation output vs microphone: {xc['max']:.3f} over {xc['windows']} windows "
