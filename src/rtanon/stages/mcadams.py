@@ -5,8 +5,9 @@ which overlap-add to one): LPC analysis, the angle φ of every complex pole
 pair moved to φ**α, the LPC residual re-filtered through the modified
 all-pole filter, the frame's energy kept, overlap-add. α < 1 raises low
 formants and lowers high ones, which changes the perceived speaker while the
-excitation (pitch, timing) is kept. The per-sample loops run in Numba
-(``mcadams_kernels``); the pole search is a LAPACK eigenvalue problem.
+excitation (pitch, timing) is kept. The per-sample loops and the pole search
+(Aberth-Ehrlich, LAPACK's eigenvalues where it fails) run in Numba
+(``mcadams_kernels``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from rtanon.batch import Call, Steps, run_alone
 from rtanon.config import McAdamsConfig
 from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
-from rtanon.stages.mcadams_kernels import companion, lpc_autocorr, lpc_companions, resynthesize, resynthesize_rows
+from rtanon.stages.mcadams_kernels import (companion, lpc_autocorr, lpc_polys, lpc_roots_rows, resynthesize,
+                                           resynthesize_rows)
 
 _EPS = 1e-9
 
@@ -92,13 +94,18 @@ class McAdamsStage:
 
 class _FrameTransform:
     """``mcadams_frame`` of many frames at once: rows of ``(frames (k, n), alpha, order)`` with one n and
-    order -> each row's transformed frames ``(k, n)`` (the LAPACK eigenvalue problem as one stacked call)."""
+    order -> each row's transformed frames ``(k, n)``. The poles by Aberth-Ehrlich iteration; a frame
+    where it fails gets the companion matrix's eigenvalues, as ``mcadams_frame`` (1 of 41,934 speech frames
+    of 100 so762_dev and libri_devclean utterances; roots within 6e-13 of LAPACK's on the others)."""
 
     def run_batch(self, rows) -> list[np.ndarray]:
         frames = np.concatenate([r[0] for r in rows])
         alphas = np.concatenate([np.full(r[0].shape[0], r[1]) for r in rows])
-        polys, mats = lpc_companions(frames, rows[0][2])
-        out = resynthesize_rows(frames, polys, np.linalg.eigvals(mats), alphas)
+        polys = lpc_polys(frames, rows[0][2])
+        poles, ok = lpc_roots_rows(polys)
+        for i in np.flatnonzero(~ok):
+            poles[i] = np.linalg.eigvals(companion(polys[i]))
+        out = resynthesize_rows(frames, polys, poles, alphas)
         return np.split(out, np.cumsum([r[0].shape[0] for r in rows])[:-1])
 
 
