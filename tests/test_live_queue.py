@@ -189,10 +189,11 @@ def _watched_device(monkeypatch, clock):
 
 
 def _watch_for(dev, clock, seconds: float, last_callback: float | None, step: float = 0.25) -> None:
-    """run_live's device watch: every ``step`` s for ``seconds``."""
+    """run_live's device watch: every ``step`` s for ``seconds``; ``last_callback`` None: calling back
+    all along (the last callback just now)."""
     for _ in range(round(seconds / step)):
         clock.t += step
-        dev.watch(True, last_callback)
+        dev.watch(True, clock.t - 0.005 if last_callback is None else last_callback)
 
 
 def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
@@ -203,10 +204,10 @@ def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
 
     dev, opened = _watched_device(monkeypatch, clock)
     first = dev.stream
-    # fresh: PulseAudio may hold it 1.5 s after the first callback (the prefill); that is no hang
-    _watch_for(dev, clock, 2.0, last_callback=clock.t)
+    # fresh: PulseAudio may hold it up to 2 s after its first callback; that is no hang
+    _watch_for(dev, clock, 2.0, last_callback=clock.t + 0.01)
     assert dev.stream is first and dev.stuck == 0
-    _watch_for(dev, clock, 5.0, last_callback=None)  # flowing (an input: never judged by callbacks)
+    _watch_for(dev, clock, 5.0, last_callback=None)  # then it flows
     last = clock.t
     _watch_for(dev, clock, DeviceStream.STALL_S, last)
     assert dev.stream is first and dev.stuck == 0
@@ -216,6 +217,10 @@ def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
     assert dev.stuck == 1 and len(opened) == 2
     _watch_for(dev, clock, 1.0, last)
     assert dev.stuck == 2 and len(opened) == 3
+    _watch_for(dev, clock, 0.5, last_callback=None)  # the new one flows for half a second, then hangs
+    last = clock.t
+    _watch_for(dev, clock, 0.75, last)
+    assert dev.stuck == 3 and len(opened) == 4  # STALL_S, not STUCK_S: it had flowed
 
 
 def test_time_the_process_did_not_run_is_no_stall(monkeypatch, clock):

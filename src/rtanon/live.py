@@ -539,7 +539,7 @@ class DeviceStream:
 
     RETRY_S = 0.2
     STUCK_S = 2.5  # PulseAudio can hold a fresh output stream for 1.5 s before it flows
-    STALL_S = 0.5  # past that, a stream that waits this long for a callback has hung
+    STALL_S = 0.5  # a stream that flowed and then waits this long for a callback has hung
 
     def __init__(self, kind: str, device, env: dict[str, str], rate: int, blocksize: int, callback) -> None:
         self.kind, self.device, self.env = kind, device, env
@@ -552,6 +552,8 @@ class DeviceStream:
         self.last_error = ""
         self._next_try = 0.0
         self._watched_at = self._resumed_at = 0.0  # the last watch; when watching resumed after a pause
+        self._seen_callback: float | None = None  # the last callback time the watch saw
+        self._flowed = False  # callbacks were seen advancing since the stream opened
 
     @property
     def up(self) -> bool:
@@ -585,24 +587,29 @@ class DeviceStream:
             except Exception as exc:  # a dead stream may refuse to close; it is dropped either way
                 self.last_error = f"{type(exc).__name__}: {exc}"
             self.stream = None
+        self._seen_callback, self._flowed = None, False  # the next stream starts fresh
 
     def watch(self, present: bool | None, last_callback_at: float | None = None) -> None:
         """Reopens the stream if it died, its PulseAudio device went away (``present`` False), or it is
         stuck: no callback (``last_callback_at``, monotonic; given for outputs, whose device always takes
-        audio, not for inputs: a monitor source with nothing playing delivers nothing) for ``STUCK_S`` after
-        it opened, ``STALL_S`` later on, although PortAudio calls it active (the ALSA pulse plug-in can hang
-        so after an underrun: the virtual microphone fell silent for good in a 10-minute run, and for
-        2.5 s at a time under CPU overload until this reopened it). Time this process did not run (stopped,
-        starved: the watch came ``STALL_S`` late) does not count. Retries every ``RETRY_S`` while it cannot
-        open."""
+        audio, not for inputs: a monitor source with nothing playing delivers nothing) for ``STALL_S`` once
+        it has flowed (callbacks seen advancing between two watches), ``STUCK_S`` before (PulseAudio may
+        hold a fresh stream after its first callback), although PortAudio calls it active: the ALSA pulse
+        plug-in can hang so after an underrun (the virtual microphone fell silent for good in a 10-minute
+        run; under CPU overload, for 2.5 s at a time until this reopened it). Time this process did not run
+        (stopped, starved: the watch came ``STALL_S`` late) does not count. Retries every ``RETRY_S`` while
+        it cannot open."""
         now = time.monotonic()
         if now - self._watched_at > self.STALL_S:
             self._resumed_at = now
         self._watched_at = now
         if self.stream is not None and last_callback_at is not None:
-            fresh = now - self.opened_at < self.STUCK_S
+            seen = self._seen_callback
+            if seen is not None and last_callback_at > seen > self.opened_at:
+                self._flowed = True
+            self._seen_callback = last_callback_at
             silent = now - max(self.opened_at, last_callback_at, self._resumed_at)
-            if silent > (self.STUCK_S if fresh else self.STALL_S):
+            if silent > (self.STALL_S if self._flowed else self.STUCK_S):
                 self.stuck += 1
                 self.last_error = f"no callback for {silent:.1f} s: reopened"
                 self.close()
