@@ -77,6 +77,24 @@ def test_virtual_device_create_status_remove(daemon):
     assert "rtanon_mic" not in daemon.pactl("list", "short", "sources")
 
 
+@pytest.mark.parametrize("source", ["rtanon", "pulse:rtanon_sink.monitor", "default"])
+def test_live_refuses_to_record_its_own_output(daemon, source):
+    """The virtual microphone (by name, as the output sink's monitor, or as the server's default source
+    through the ALSA pulse device) as the input of a session that plays into it: rtanon would anonymize
+    its own voice in a loop (and the pass-through guard, finding the voice of a moment ago in the input,
+    would play comfort noise): refused before a stream opens, saying what to pick."""
+    assert _rtanon(daemon.env, "virtual-device", "create").returncode == 0
+    daemon.pactl("set-default-source", "rtanon_mic")
+    try:
+        spec = ["--input", "pulse"] if source == "default" else ["--input", source]
+        proc = _rtanon(daemon.env, "live", *spec, "--output", "rtanon", "--duration", "1", "--method", "mcadams")
+        assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+        assert "records the output 'rtanon_sink'" in proc.stderr and "--input pulse:NAME" in proc.stderr
+        assert "running" not in proc.stderr
+    finally:
+        _rtanon(daemon.env, "virtual-device", "remove")
+
+
 @pytest.mark.parametrize("method", ["mcadams", "neural"])
 def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_path, speech, method):
     if method == "neural":

@@ -143,8 +143,15 @@ class Live:
         raise AssertionError(f"timed out waiting for {what}")
 
     def wait_speaking(self):
-        """Blocks until the call carries the pseudo-voice (the output is loud now)."""
-        self.wait_for(lambda: self.call.level_now() > -35.0, what="speech in the call")
+        """Blocks until the call carries the pseudo-voice (the output is loud now); on a time-out the
+        message has what the live side says and how much the call's recorder got."""
+        try:
+            self.wait_for(lambda: self.call.level_now() > -35.0, what="speech in the call")
+        except AssertionError as exc:
+            s = self.state()
+            keys = ("running", "down", "in_dbfs", "out_dbfs", "gate", "queue_ms", "xruns", "errors", "last_error")
+            raise AssertionError(f"{exc}: {len(self.call.blocks)} blocks recorded from the call; live: "
+                                 f"{ {k: s.get(k) for k in keys} }") from None
 
 
 @pytest.fixture(scope="module")
@@ -436,6 +443,23 @@ def test_switching_method_voice_and_devices_never_lets_the_input_through(live):
     saved = json.loads((live.config_home / "rtanon" / "live-ui.json").read_text())
     assert saved == s["settings"] and saved["monitor"] == "pulse:headphones"
     assert set(saved) == {"input", "output", "monitor", "method", "privacy", "chunk_ms"}  # never a voice
+
+
+def test_a_lost_output_is_reopened_when_it_comes_back(live):
+    """The call's sink goes away (a headset unplugged) and comes back: the page says the output is lost,
+    then the voice reaches the call again with no action, as with `rtanon live` (the same watcher)."""
+    pd = live.daemon
+    live.wait_speaking()
+    module = next(line.split("\t")[0] for line in pd.pactl("list", "short", "modules").splitlines()
+                  if "sink_name=call" in line)
+    pd.pactl("unload-module", module)
+    live.wait_for(lambda: "output" in live.state().get("down", ()), timeout=5.0, what="the output said lost")
+    assert live.state()["running"]
+    pd.load_null_sink("call", RATE)
+    live.call.close()
+    live.call = Recorder(pd.env, "call.monitor")
+    live.wait_speaking()
+    assert live.state()["down"] == []
 
 
 # -- a real browser ----------------------------------------------------------------------------------

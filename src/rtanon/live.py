@@ -467,6 +467,47 @@ def resolve_device(spec: str | None, kind: str) -> tuple[int | str | None, dict[
         raise DeviceError(f"{option} {spec}: {exc}; `rtanon devices` lists the devices") from None
 
 
+def _pulse_endpoint(device, env: dict[str, str | None], kind: str) -> str | None:
+    """The PulseAudio source (input) or sink (output) a resolved device reaches, or None when it is no
+    PulseAudio device or the server does not say: ``PULSE_SOURCE``/``PULSE_SINK`` as the stream will see
+    it, else the server's default, for the ALSA ``pulse`` and ``default`` devices."""
+    import sounddevice as sd
+
+    from rtanon import pulse
+
+    var = "PULSE_SOURCE" if kind == "input" else "PULSE_SINK"
+    try:
+        name = sd.query_devices(device, kind)["name"]
+    except (sd.PortAudioError, ValueError):
+        return None
+    if name not in ("pulse", "default"):
+        return None
+    chosen = env[var] if var in env else os.environ.get(var)
+    if chosen:
+        return chosen
+    try:
+        return pulse.default_device("source" if kind == "input" else "sink")
+    except pulse.PulseError:
+        return None
+
+
+def refuse_feedback(in_dev, in_env: dict[str, str | None], out_dev, out_env: dict[str, str | None]) -> None:
+    """Raises DeviceError when the input records the output: the output sink's monitor, or the rtanon
+    virtual microphone while the output is its sink (a user who picked the virtual microphone as the
+    microphone; the pass-through guard would then find the voice played a moment ago in the input and
+    play comfort noise)."""
+    from rtanon import pulse
+
+    sink = _pulse_endpoint(out_dev, out_env, "output")
+    if sink is None:
+        return
+    source = _pulse_endpoint(in_dev, in_env, "input")
+    if source == f"{sink}.monitor" or (sink == pulse.SINK_NAME and source == pulse.SOURCE_NAME):
+        raise DeviceError(f"the input is PulseAudio's {source!r}, which records the output {sink!r}: rtanon "
+                          "would anonymize its own voice in a loop; pick your microphone with --input "
+                          "pulse:NAME (`rtanon devices` lists the sources)")
+
+
 def pick_rate(device, kind: str, requested: int | None) -> int:
     """``requested`` if given (an error if the device refuses it); else 16 kHz
     when the device takes it (no resampling in rtanon), else its default rate."""
@@ -535,13 +576,15 @@ class DeviceStream:
     """One PortAudio stream that is reopened when it stops (the device went
     away, the sound server killed it) or, for a PulseAudio device, when the
     named source or sink disappears; while it is down the other stream goes
-    on (the output plays comfort noise). ``reopens`` counts the reopenings."""
+    on (the output plays comfort noise). ``reopens`` counts the reopenings.
+    ``env``: the PulseAudio variable (``PULSE_SOURCE``/``PULSE_SINK``) the
+    stream sets as it opens, None to unset it."""
 
     RETRY_S = 0.2
     STUCK_S = 2.5  # PulseAudio can hold a fresh output stream for 1.5 s before it flows
     STALL_S = 0.5  # a stream that flowed and then waits this long for a callback has hung
 
-    def __init__(self, kind: str, device, env: dict[str, str], rate: int, blocksize: int, callback) -> None:
+    def __init__(self, kind: str, device, env: dict[str, str | None], rate: int, blocksize: int, callback) -> None:
         self.kind, self.device, self.env = kind, device, env
         self.rate, self.blocksize, self.callback = rate, blocksize, callback
         self.pulse_name = next(iter(env.values()), None)  # PULSE_SOURCE / PULSE_SINK
@@ -567,7 +610,11 @@ class DeviceStream:
         """Opens and starts the stream; raises what PortAudio raises."""
         import sounddevice as sd
 
-        os.environ.update(self.env)  # read by the ALSA pulse plugin when the stream opens
+        for var, value in self.env.items():  # read by the ALSA pulse plugin when the stream opens
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
         cls = sd.InputStream if self.kind == "input" else sd.OutputStream
         stream = cls(device=self.device, channels=1, samplerate=self.rate, dtype="float32",
                      blocksize=self.blocksize, latency="low", callback=self.callback)
@@ -690,6 +737,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
     config = config or LiveConfig()
     in_dev, in_env = resolve_device(input_spec, "input")
     out_dev, out_env = resolve_device(output_spec, "output")
+    refuse_feedback(in_dev, in_env, out_dev, out_env)
     os.environ.update(in_env)
     os.environ.update(out_env)  # read by the ALSA pulse plugin when the stream opens
     in_rate = pick_rate(in_dev, "input", device_rate_hz)

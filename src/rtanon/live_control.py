@@ -32,7 +32,8 @@ from rtanon.config import (ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, SAMPL
                            ConfigError, NeuralConfig, StreamConfig)
 from rtanon.engine import Anonymizer, Session
 from rtanon.errors import UserError
-from rtanon.live import LiveConfig, LiveCore, pick_rate, resolve_device, server_latency
+from rtanon.live import (WATCH_INTERVAL_S, DeviceStream, LiveConfig, LiveCore, _pulse_names, pick_rate,
+                         refuse_feedback, resolve_device, server_latency)
 from rtanon.paths import printable, read_capped
 
 SETTINGS_NAME = "live-ui.json"
@@ -134,7 +135,8 @@ class LiveControl:
         self._env0 = {v: os.environ.get(v) for v in ("PULSE_SOURCE", "PULSE_SINK")}
         self.session: Session | None = None
         self.core: LiveCore | None = None
-        self._streams: list = []
+        self._streams: list[DeviceStream] = []
+        self._watching: threading.Event | None = None  # set: the device watcher of the last start stops
         self._device_latency_s = 0.0
         self.muted = False
         self.last_error = ""
@@ -171,19 +173,11 @@ class LiveControl:
             self.last_error = f"could not save settings: {exc}"
 
     # -- audio streams -------------------------------------------------------------
-    def _point_pulse(self, var: str, env: dict) -> None:
-        """Sets (or restores) the variable the ALSA pulse plugin reads when a stream opens."""
-        value = env.get(var, self._env0[var])
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
-
-    def _open(self, kind: str, spec: str | None, callback, counters):
-        import sounddevice as sd
-
+    def _open(self, kind: str, spec: str | None, callback, counters) -> DeviceStream:
+        """The (not yet opened) stream for a device setting; the PulseAudio variable it sets when it opens
+        falls back to this process's own (a stream of the other device must not leave its name there)."""
         dev, env = resolve_device(spec, kind)
-        self._point_pulse("PULSE_SOURCE" if kind == "input" else "PULSE_SINK", env)
+        var = "PULSE_SOURCE" if kind == "input" else "PULSE_SINK"
         rate = pick_rate(dev, kind, self._device_rate)
         block = rate * self._live_config.block_ms // 1000
         if kind == "input":
@@ -191,23 +185,20 @@ class LiveControl:
                 if status.input_overflow:
                     counters.input_overflows += 1
                 callback(indata[:, 0])
-            cls = sd.InputStream
         else:
             def cb(outdata, frames, time_info, status):
                 if status.output_underflow:
                     counters.output_underflows += 1
                 callback(outdata[:, 0])
-            cls = sd.OutputStream
-        stream = cls(device=dev, channels=1, samplerate=rate, dtype="float32", blocksize=block,
-                     latency="low", callback=cb)
-        return stream, rate
+        return DeviceStream(kind, dev, {var: env.get(var, self._env0[var])}, rate, block, cb)
 
     @property
     def running(self) -> bool:
         return bool(self._streams)
 
     def start(self) -> None:
-        """Opens the devices and starts anonymizing (a no-op when running)."""
+        """Opens the devices and starts anonymizing (a no-op when running); a thread then reopens a stream
+        that dies, loses its device or hangs, as ``rtanon live`` does."""
         with self._lock:
             if self.running:
                 return
@@ -215,40 +206,62 @@ class LiveControl:
                 self.session = self._new_session()
             s, session = self.settings, self.session
             counters = session.counters
-            streams = []
+            holder: dict = {}
+            inp = self._open("input", s.input, lambda x: holder["core"].on_input(x), counters)
+            out = self._open("output", s.output, lambda y: holder["core"].on_output(y), counters)
+            refuse_feedback(inp.device, inp.env, out.device, out.env)
+            core = LiveCore(session, inp.rate, out.rate, self._live_config)
+            holder["core"] = core
+            streams = [inp, out]
+            if s.monitor is not None:
+                mon = self._open("output", s.monitor, core.on_monitor, counters)
+                streams.append(mon)
+                core.set_monitor(mon.rate)
+            core.muted = self.muted
+            core.start()
             with server_latency(self._live_config.server_latency_ms):  # libpulse reads it as streams connect
                 try:
-                    holder: dict = {}
-                    in_stream, in_rate = self._open("input", s.input, lambda x: holder["core"].on_input(x), counters)
-                    streams.append(in_stream)
-                    out_stream, out_rate = self._open("output", s.output, lambda y: holder["core"].on_output(y),
-                                                      counters)
-                    streams.append(out_stream)
-                    core = LiveCore(session, in_rate, out_rate, self._live_config)
-                    holder["core"] = core
-                    if s.monitor is not None:
-                        mon_stream, mon_rate = self._open("output", s.monitor, core.on_monitor, counters)
-                        streams.append(mon_stream)
-                        core.set_monitor(mon_rate)
-                    core.muted = self.muted
-                    core.start()
                     for stream in reversed(streams):  # outputs first: they play comfort noise until audio flows
-                        stream.start()
+                        stream.open()
                 except BaseException:
                     for stream in streams:
                         stream.close()
-                    if "core" in holder:
-                        holder["core"].stop()
+                    core.stop()
                     raise
             self.core, self._streams = core, streams
-            self._device_latency_s = in_stream.latency + out_stream.latency
+            self._device_latency_s = inp.latency_s + out.latency_s
+            self._watching = threading.Event()
+            threading.Thread(target=self._watch_devices, args=(self._watching, core, streams), daemon=True,
+                             name="rtanon-devices").start()
             self._save()
+
+    def _watch_devices(self, stop: threading.Event, core: LiveCore, streams: list[DeviceStream]) -> None:
+        """Every ``WATCH_INTERVAL_S`` until ``stop``: ``DeviceStream.watch`` on each stream (the main output
+        with the time of its last callback), under the lock, so that an action never meets a half-open
+        stream."""
+        while not stop.wait(WATCH_INTERVAL_S):
+            present = {kind: _pulse_names(kind) for kind in ("sources", "sinks")
+                       if any(st.pulse_name for st in streams if (st.kind == "input") == (kind == "sources"))}
+            if not self._lock.acquire(timeout=WATCH_INTERVAL_S):
+                continue
+            try:
+                if stop.is_set():
+                    return
+                with server_latency(self._live_config.server_latency_ms):
+                    for i, stream in enumerate(streams):
+                        names = present.get("sources" if stream.kind == "input" else "sinks")
+                        stream.watch(None if names is None or not stream.pulse_name else stream.pulse_name in names,
+                                     core.last_output_at if i == 1 else None)
+            finally:
+                self._lock.release()
 
     def stop(self) -> None:
         """Closes the devices (nothing plays); the session (voice) is kept for the next start."""
         with self._lock:
+            if self._watching is not None:
+                self._watching.set()
+                self._watching = None
             for stream in self._streams:
-                stream.abort()
                 stream.close()
             self._streams = []
             if self.core is not None:
@@ -385,6 +398,7 @@ class LiveControl:
                        xruns=c.input_overflows + c.output_underflows, errors=c.stage_errors,
                        last_error=c.last_error or self.last_error)
         if core is not None:
+            out["down"] = [stream.kind for stream in self._streams if not stream.up]  # being reopened
             out.update(in_dbfs=core.level_dbfs, out_dbfs=core.out_level_dbfs, gate=session.last_speech,
                        queue_ms=core.queued_ms, errors=out["errors"] + core.worker_errors,
                        e2e_ms=out["algorithmic_ms"] + core.pipeline_ms() + 1000.0 * self._device_latency_s)

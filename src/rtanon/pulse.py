@@ -84,6 +84,17 @@ def list_devices(kind: str, env: dict | None = None) -> list[tuple[str, str]]:
     return rows
 
 
+def default_device(kind: str, env: dict | None = None) -> str | None:
+    """The name of the sound server's default ``"source"`` or ``"sink"`` (what the ALSA ``pulse`` device
+    reaches when ``PULSE_SOURCE``/``PULSE_SINK`` is unset), or None when the server does not say."""
+    field = f"Default {kind.capitalize()}: "
+    c_locale = {**(os.environ if env is None else env), "LC_ALL": "C"}
+    for line in _pactl(["info"], c_locale).splitlines():
+        if line.startswith(field):
+            return line[len(field):].strip() or None
+    return None
+
+
 @dataclass(frozen=True)
 class VirtualDeviceStatus:
     sink: bool

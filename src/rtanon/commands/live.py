@@ -91,7 +91,7 @@ def run(args) -> int:
     c = session.counters
     print(f"stopped: {c.chunks} chunks ({c.speech_chunks} speech), missed deadlines {c.missed_deadlines}, "
           f"xruns {c.input_overflows + c.output_underflows}, stage errors {c.stage_errors}, "
-          f"worker errors {core.worker_errors}")
+          f"worker errors {core.worker_errors}" + (f" (last: {c.last_error})" if c.last_error else ""))
     return 0
 
 

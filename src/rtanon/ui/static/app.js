@@ -38,8 +38,9 @@ function render(s) {
   $("gate").classList.toggle("on", !!s.gate);
   $("gate-text").textContent = s.gate ? "speech: your words go out in the pseudo-voice" : "no speech: comfort noise";
   const state = $("state");
-  state.textContent = !s.running ? "stopped" : s.muted ? "muted" : "anonymizing";
-  state.className = "badge " + (!s.running ? "" : s.muted ? "warn" : "ok");
+  const down = (s.down || []).join(" and ");
+  state.textContent = !s.running ? "stopped" : down ? `${down} lost: reopening` : s.muted ? "muted" : "anonymizing";
+  state.className = "badge " + (!s.running ? "" : down || s.muted ? "warn" : "ok");
   $("mute").textContent = s.muted ? "Unmute" : "Mute";
   $("mute").classList.toggle("active", !!s.muted);
   $("startstop").textContent = s.running ? "Stop" : "Start";
