@@ -28,6 +28,7 @@ import soxr
 from rtanon._core import RingBuffer
 from rtanon.config import SAMPLE_RATE_HZ, ConfigError
 from rtanon.engine import Session
+from rtanon.pulse_stream import PulseStreamError
 
 
 @dataclass(frozen=True)
@@ -467,20 +468,24 @@ def resolve_device(spec: str | None, kind: str) -> tuple[int | str | None, dict[
         raise DeviceError(f"{option} {spec}: {exc}; `rtanon devices` lists the devices") from None
 
 
+def _device_name(device, kind: str) -> str | None:
+    """PortAudio's name for a resolved device (None: it has none here)."""
+    import sounddevice as sd
+
+    try:
+        return sd.query_devices(device, kind)["name"]
+    except (sd.PortAudioError, ValueError):
+        return None
+
+
 def _pulse_endpoint(device, env: dict[str, str | None], kind: str) -> str | None:
     """The PulseAudio source (input) or sink (output) a resolved device reaches, or None when it is no
     PulseAudio device or the server does not say: ``PULSE_SOURCE``/``PULSE_SINK`` as the stream will see
     it, else the server's default, for the ALSA ``pulse`` and ``default`` devices."""
-    import sounddevice as sd
-
     from rtanon import pulse
 
     var = "PULSE_SOURCE" if kind == "input" else "PULSE_SINK"
-    try:
-        name = sd.query_devices(device, kind)["name"]
-    except (sd.PortAudioError, ValueError):
-        return None
-    if name not in ("pulse", "default"):
+    if _device_name(device, kind) not in ("pulse", "default"):
         return None
     chosen = env[var] if var in env else os.environ.get(var)
     if chosen:
@@ -606,18 +611,32 @@ class DeviceStream:
     def latency_s(self) -> float:
         return float(self.stream.latency) if self.stream is not None else 0.0
 
+    @property
+    def native(self) -> bool:
+        """An output to the ALSA ``pulse`` device is opened on PulseAudio itself
+        (``rtanon.pulse_stream``), not through the plug-in, which restarts (and can hang) on underruns."""
+        from rtanon import pulse_stream
+
+        return self.kind == "output" and _device_name(self.device, self.kind) == "pulse" and pulse_stream.available()
+
     def open(self) -> None:
-        """Opens and starts the stream; raises what PortAudio raises."""
+        """Opens and starts the stream; raises what PortAudio (or libpulse) raises."""
         import sounddevice as sd
+
+        from rtanon import pulse_stream
 
         for var, value in self.env.items():  # read by the ALSA pulse plugin when the stream opens
             if value is None:
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
-        cls = sd.InputStream if self.kind == "input" else sd.OutputStream
-        stream = cls(device=self.device, channels=1, samplerate=self.rate, dtype="float32",
-                     blocksize=self.blocksize, latency="low", callback=self.callback)
+        if self.native:
+            stream = pulse_stream.PulseOutputStream(os.environ.get("PULSE_SINK"), self.rate, self.blocksize,
+                                                    self.callback, float(os.environ.get("PULSE_LATENCY_MSEC") or 0))
+        else:
+            cls = sd.InputStream if self.kind == "input" else sd.OutputStream
+            stream = cls(device=self.device, channels=1, samplerate=self.rate, dtype="float32",
+                         blocksize=self.blocksize, latency="low", callback=self.callback)
         try:
             stream.start()
         except Exception:
@@ -768,7 +787,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         for device in (out, inp):
             try:
                 device.open()
-            except sd.PortAudioError as exc:
+            except (sd.PortAudioError, PulseStreamError) as exc:
                 raise DeviceError(f"cannot open the {device.kind} device {device.device!r}: {exc}; "
                                   "`rtanon devices` lists the devices") from None
         t_start = time.monotonic()  # the duration counts from the open streams, not the (slow) opening
