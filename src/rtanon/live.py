@@ -690,6 +690,24 @@ class DeviceStream:
                 self._next_try = time.monotonic() + self.RETRY_S
 
 
+def pulse_presence(streams: list[DeviceStream]) -> dict[str, set[str] | None]:
+    """What ``watch_streams`` needs to know of the sound server, asked once per kind (``pactl``: slow, so
+    outside any lock): the names of its ``"input"`` sources and ``"output"`` sinks, for the kinds that
+    have a stream on a named PulseAudio device."""
+    return {kind: _pulse_names("sources" if kind == "input" else "sinks")
+            for kind in {st.kind for st in streams if st.pulse_name}}
+
+
+def watch_streams(streams: list[DeviceStream], present: dict[str, set[str] | None], output: DeviceStream,
+                  last_output_at: float) -> None:
+    """``DeviceStream.watch`` on each stream: whether its named device is there (``pulse_presence``; None
+    when unknown), and for ``output``, the one the core's output callback runs in, its last callback."""
+    for stream in streams:
+        names = present.get(stream.kind)
+        stream.watch(None if names is None or not stream.pulse_name else stream.pulse_name in names,
+                     last_output_at if stream is output else None)
+
+
 class DelayMeter:
     """Device delays as the audio server reports them through PortAudio's
     callback timestamps (capture: now - ADC time; playback: DAC time - now).
@@ -799,10 +817,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         while t_end is None or time.monotonic() < t_end:
             time.sleep(WATCH_INTERVAL_S if t_end is None else min(WATCH_INTERVAL_S,
                                                                   max(0.0, t_end - time.monotonic())))
-            sources = _pulse_names("sources") if inp.pulse_name else None  # device watchdog
-            sinks = _pulse_names("sinks") if out.pulse_name else None
-            inp.watch(None if sources is None else inp.pulse_name in sources)  # an idle monitor source is silent
-            out.watch(None if sinks is None else out.pulse_name in sinks, core.last_output_at)
+            watch_streams([inp, out], pulse_presence([inp, out]), out, core.last_output_at)  # device watchdog
             if time.monotonic() < next_status:
                 continue
             next_status = time.monotonic() + status_interval_s

@@ -32,8 +32,8 @@ from rtanon.config import (ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, SAMPL
                            ConfigError, NeuralConfig, StreamConfig)
 from rtanon.engine import Anonymizer, Session
 from rtanon.errors import UserError
-from rtanon.live import (WATCH_INTERVAL_S, DeviceStream, LiveConfig, LiveCore, _pulse_names, pick_rate,
-                         refuse_feedback, resolve_device, server_latency)
+from rtanon.live import (WATCH_INTERVAL_S, DeviceStream, LiveConfig, LiveCore, pick_rate, pulse_presence,
+                         refuse_feedback, resolve_device, server_latency, watch_streams)
 from rtanon.paths import printable, read_capped
 
 SETTINGS_NAME = "live-ui.json"
@@ -240,18 +240,14 @@ class LiveControl:
         with the time of its last callback), under the lock, so that an action never meets a half-open
         stream."""
         while not stop.wait(WATCH_INTERVAL_S):
-            present = {kind: _pulse_names(kind) for kind in ("sources", "sinks")
-                       if any(st.pulse_name for st in streams if (st.kind == "input") == (kind == "sources"))}
+            present = pulse_presence(streams)
             if not self._lock.acquire(timeout=WATCH_INTERVAL_S):
                 continue
             try:
                 if stop.is_set():
                     return
                 with server_latency(self._live_config.server_latency_ms):
-                    for i, stream in enumerate(streams):
-                        names = present.get("sources" if stream.kind == "input" else "sinks")
-                        stream.watch(None if names is None or not stream.pulse_name else stream.pulse_name in names,
-                                     core.last_output_at if i == 1 else None)
+                    watch_streams(streams, present, streams[1], core.last_output_at)
             finally:
                 self._lock.release()
 

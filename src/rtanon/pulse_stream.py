@@ -93,10 +93,9 @@ class PulseOutputStream:
     ``blocksize`` frames at a time by a thread that calls ``callback`` for each block; ``latency_ms``: the
     server's target buffer (``tlength``; it starts playing after one block)."""
 
-    def __init__(self, sink: str | None, samplerate: int, blocksize: int, callback, latency_ms: float,
-                 name: str = "rtanon") -> None:
+    def __init__(self, sink: str | None, samplerate: int, blocksize: int, callback, latency_ms: float) -> None:
         self.sink, self.samplerate, self.blocksize = sink, int(samplerate), int(blocksize)
-        self.callback, self.name = callback, name
+        self.callback = callback
         frame = 4  # float32 mono
         tlength = max(2 * self.blocksize, int(self.samplerate * latency_ms / 1000)) * frame
         self._attr = _BufferAttr(_DEFAULT, tlength, self.blocksize * frame, self.blocksize * frame, _DEFAULT)
@@ -106,7 +105,6 @@ class PulseOutputStream:
         self._thread: threading.Thread | None = None
         self._handle: int | None = None
         self.error = ""
-        self.underflows = 0
 
     @property
     def active(self) -> bool:
@@ -131,7 +129,7 @@ class PulseOutputStream:
     def _run(self, lib: ctypes.CDLL) -> None:
         err = ctypes.c_int(0)
         spec = _SampleSpec(_PA_SAMPLE_FLOAT32LE, self.samplerate, 1)
-        handle = lib.pa_simple_new(None, self.name.encode(), _PA_STREAM_PLAYBACK,
+        handle = lib.pa_simple_new(None, b"rtanon", _PA_STREAM_PLAYBACK,
                                    None if self.sink is None else self.sink.encode(), b"anonymized voice",
                                    ctypes.byref(spec), None, ctypes.byref(self._attr), ctypes.byref(err))
         if not handle:
@@ -154,7 +152,6 @@ class PulseOutputStream:
                 self.callback(out, self.blocksize, info, status)
                 # as PortAudio does, the next callback hears of an underflow that happened before this write
                 status.output_underflow = held_until is not None and time.monotonic() > held_until
-                self.underflows += status.output_underflow
                 if lib.pa_simple_write(handle, out.ctypes.data, out.nbytes, ctypes.byref(err)) < 0:
                     self.error = f"PulseAudio stream ended: {lib.pa_strerror(err.value).decode()}"
                     break
@@ -178,8 +175,6 @@ class PulseOutputStream:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=0.2)
-
-    stop = abort
 
     def close(self) -> None:
         """Stops the stream; the writer frees it as it ends (it may be blocked in a hung server)."""
