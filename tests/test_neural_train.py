@@ -347,3 +347,15 @@ def test_the_speaker_adversary_and_no_gan_options_reach_the_recipe(shard_dir, tm
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert config["adversarial_start_step"] == config["steps"] == 1
     assert [json.loads(x).get("d_total") for x in (tmp_path / "b" / "train.log").read_text().splitlines()] == [0.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA resume runs on a GPU machine "
+                    "(scripts/gpu_bench.sh)")
+def test_training_resumes_on_cuda(shard_dir, tmp_path):
+    """A CUDA run stopped and resumed goes on from its trainer state (the RNG state, saved from the CPU
+    generator, once came back on the GPU and stopped the resume)."""
+    data = ShardDataset(shard_dir)
+    train_vocoder(_config(3), data, tmp_path, device="cuda", max_steps=2)
+    assert (tmp_path / "trainer.pt").exists()
+    last = train_vocoder(_config(3), data, tmp_path, device="cuda")
+    assert last["step"] == 3 and np.isfinite(last["g_total"])

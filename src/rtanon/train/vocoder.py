@@ -250,7 +250,9 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         gen.load_state_dict(g_ckpt["generator"])
         step = int(g_ckpt["step"])
         if trainer_path.exists():
-            t_ckpt = torch.load(trainer_path, map_location=device, weights_only=False)
+            # on the CPU: the RNG state must stay a CPU tensor; optimisers and modules move theirs to
+            # their parameters' device as they load
+            t_ckpt = torch.load(trainer_path, map_location="cpu", weights_only=False)
             if int(t_ckpt["step"]) == step:
                 disc.load_state_dict(t_ckpt["discriminators"])
                 opt_g.load_state_dict(t_ckpt["opt_g"])
