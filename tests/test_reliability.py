@@ -317,6 +317,24 @@ def test_the_soak_analysis_would_see_raw_voice_and_measures_the_delay(speech_pat
     assert r["rss_mb"]["growth"] == 0.0
 
 
+def test_the_soak_report_names_the_fault_after_which_the_delay_moved(speech_paths):
+    """The hour-long soak's delay climbed 47 ms while live's own parts stayed flat; the report now says
+    after which kind of fault the delay moved: here the output is 250 ms late before a CPU fault and 290
+    ms after it."""
+    from rtanon.soak import Fault, SoakRun, analyze, format_report, speech_for_soak
+
+    x = np.resize(speech_for_soak([str(p) for p in speech_paths]), 60 * RATE)
+    y = np.concatenate((np.zeros(RATE // 4, np.float32), x))[: x.shape[0]]
+    later = np.concatenate((np.zeros(int(0.29 * RATE), np.float32), x))[: x.shape[0]]
+    y[32 * RATE:] = later[32 * RATE:]
+    run = SoakRun("neural", 60.0, [Fault("cpu", 30.0, 2.0, 32.0)], rss=[(float(t), 100.0) for t in range(60)])
+    r = analyze(run, x, y)
+    step = r["delay_step_after_fault_ms"]["cpu"]
+    assert step["faults"] == 1 and abs(step["median"] - 40.0) <= 3.0, step
+    assert "cpu +4" in format_report(r)  # "+40" or thereabouts
+    json.dumps(r)
+
+
 def test_the_soaks_raw_voice_check_is_relative_to_the_runs_fault_free_windows():
     """Issue 44 item 5: the hour-long neural soak printed FAIL for a fault-free window at 0.258 while every
     fault window stayed at or below 0.181. Fault windows are judged against the same run's fault-free ones;
@@ -386,3 +404,20 @@ def test_a_recorders_bursty_stamps_keep_the_waveform_whole(speech):
     placed = [t for t, _ in rec.placed()]
     assert placed[101] - placed[100] == pytest.approx(0.01) and placed[100] - placed[99] > 0.15
     assert placed[200] - placed[199] > 0.08 and placed[199] - placed[198] == pytest.approx(0.01)
+
+
+def test_a_recorders_run_summary_shows_a_drifting_sample_clock():
+    """The soak report keeps how each recording was placed: a run whose stamps drift 30 ppm from its
+    sample clock (which ``placed`` would smear over the run) shows that slope; a lost block starts a run."""
+    from rtanon.pulse import SourceRecorder
+
+    rec = object.__new__(SourceRecorder)
+    n = 30_000  # 300 s of 10 ms blocks
+    block = np.zeros(160, np.int16)
+    rec.blocks = [(50.0 + k * 0.01 * (1 + 30e-6), block) for k in range(n)]
+    rec.lost_before = [False] * n
+    runs = rec.run_summary(50.0)
+    assert len(runs) == 1 and runs[0]["blocks"] == n and abs(runs[0]["slope_ppm"] - 30.0) < 0.5, runs
+    assert runs[0]["spread_ms"] < 0.1 and abs(runs[0]["start_s"] - 0.0045) < 0.01
+    rec.lost_before[20_000] = True
+    assert [r["blocks"] for r in rec.run_summary(50.0)] == [20_000, 10_000]

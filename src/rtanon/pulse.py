@@ -360,15 +360,9 @@ class SourceRecorder:
         lag = lag if 0.0 <= lag < 2.0 else 0.0
         self.blocks.append((time.monotonic() - lag, (indata[:, 0] * 32767).astype(np.int16)))
 
-    def placed(self) -> list[tuple[float, np.ndarray]]:
-        """(capture time, block) of every block. A server that delivers in bursts (PipeWire, its 21 ms
-        quantum against 10 ms blocks) jitters each stamp by a third of a block or more, which would tear the
-        waveform apart; so blocks sit at their sample position, contiguous, after the median offset of the
-        stamps of their run. A run ends at a block PortAudio flags as following lost input, or whose stamp
-        is RUN_TOLERANCE_S off the run's sample clock (samples lost unflagged, or clocks drifting apart)."""
-        import numpy as np
-
-        runs: list[list[tuple[float, float, np.ndarray]]] = []  # (stamp, seconds into the run, block)
+    def _runs(self) -> list[list[tuple[float, float, np.ndarray]]]:
+        """The blocks split into runs: (stamp, seconds into the run, block) each (see ``placed``)."""
+        runs: list[list[tuple[float, float, np.ndarray]]] = []
         for (t, b), lost in zip(self.blocks, self.lost_before):
             if runs and not lost:
                 t_run, k_run, b_last = runs[-1][-1]
@@ -377,10 +371,38 @@ class SourceRecorder:
                     runs[-1].append((t, k, b))
                     continue
             runs.append([(t, 0.0, b)])
+        return runs
+
+    def placed(self) -> list[tuple[float, np.ndarray]]:
+        """(capture time, block) of every block. A server that delivers in bursts (PipeWire, its 21 ms
+        quantum against 10 ms blocks) jitters each stamp by a third of a block or more, which would tear the
+        waveform apart; so blocks sit at their sample position, contiguous, after the median offset of the
+        stamps of their run. A run ends at a block PortAudio flags as following lost input, or whose stamp
+        is RUN_TOLERANCE_S off the run's sample clock (samples lost unflagged, or clocks drifting apart)."""
+        import numpy as np
+
         out = []
-        for run in runs:
+        for run in self._runs():
             offset = float(np.median([t - k for t, k, _ in run]))
             out += [(offset + k, b) for _, k, b in run]
+        return out
+
+    def run_summary(self, t0: float) -> list[dict]:
+        """How ``placed`` put each run, to check the placement itself: its start (s after ``t0``), length,
+        the slope of stamp minus sample position (ppm: a sample clock that drifts from the stamps' makes a
+        long run's placement err by up to half the drift at its ends) and the stamps' spread around that
+        line (p99 of the absolute residual, ms)."""
+        import numpy as np
+
+        out = []
+        for run in self._runs():
+            k = np.array([k for _, k, _ in run])
+            d = np.array([t - k for t, k, _ in run])
+            slope = float(np.polyfit(k, d, 1)[0]) if k[-1] > 1.0 else 0.0
+            resid = d - np.median(d) - slope * (k - np.median(k))
+            out.append({"start_s": round(float(np.median(d)) - t0, 3), "seconds": round(float(k[-1]), 2),
+                        "blocks": len(run), "slope_ppm": round(1e6 * slope, 2),
+                        "spread_ms": round(1e3 * float(np.percentile(np.abs(resid), 99)), 2)})
         return out
 
     def timeline(self, t0: float, n: int | None = None) -> np.ndarray:

@@ -135,6 +135,7 @@ class SoakRun:
     rss: list[tuple[float, float]] = field(default_factory=list)
     live_rc: int | None = None
     live_stderr_tail: str = ""
+    recorders: dict = field(default_factory=dict)  # how each recording was placed (SourceRecorder.run_summary)
 
 
 def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: int | None = None,
@@ -225,6 +226,7 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
                 time.sleep(1.0)  # the tail still in flight
             n = int((time.monotonic() - t0) * RATE)
             x, y = mic.timeline(t0, n), anon.timeline(t0, n)
+            soak.recorders = {"mic": mic.run_summary(t0), "output": anon.run_summary(t0)}
         finally:
             player.stop()
             for p in busy:
@@ -375,6 +377,13 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     first = [d for t, d in good if t < WARMUP_S + edge]
     last = [d for t, d in good if t + DELAY_WINDOW_S > dur - edge]
     base_delay_ms = float(np.median([d for _, d in good])) if good else float("nan")  # fault-free windows
+    steps: dict[str, list[float]] = {}  # fault-free delay in the 45 s after each fault minus the 40 s before it
+    for f in soak.faults:
+        end = f.end_s or f.start_s + f.duration_s
+        before = [d for t, d in good if f.start_s - 40.0 <= t and t + DELAY_WINDOW_S <= f.start_s]
+        after = [d for t, d in good if end + 3.0 <= t <= end + 45.0]
+        if before and after:
+            steps.setdefault(f.name, []).append(float(np.median(after) - np.median(before)))
     drift = float(np.median(last) - np.median(first)) if first and last else float("nan")
 
     xc = []  # (window start, max xcorr)
@@ -440,6 +449,9 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
         "xcorr": {"max": max_xc, "max_fault_free": max(fault_free, default=None),
                   "max_in_faults": max(in_fault, default=None), "windows": len(xc),
                   **{k: v for k, v in raw_check.items() if k != "ok"}},
+        "delay_step_after_fault_ms": {k: {"median": float(np.median(v)), "sum": float(np.sum(v)), "faults": len(v)}
+                                      for k, v in steps.items()},
+        "recorders": soak.recorders,
         "onset_lag_fault_free_s": base_lag, "faults": faults,
         "recovery_max_s": max(recoveries) if recoveries else None,
         "faults_unmeasured": [f["name"] for f in faults if f["recovery_s"] is None],
@@ -478,8 +490,15 @@ def format_report(r: dict) -> str:
            if xc["fault_free_reference"] is not None else "no fault-free window: the method's fixed limit")
         + f", at most {RAW_XCORR:g}): {xc['fault_windows_over_limit']} over it, {xc['raw_windows']} windows at "
         f"{RAW_XCORR:g} or more",
-        f"recovery after faults (onset lag minus the fault-free {r['onset_lag_fault_free_s'] * 1000:.0f} ms):",
     ]
+    if r.get("delay_step_after_fault_ms"):
+        lines.append("delay after a fault minus before it, median (sum) ms: " + ", ".join(
+            f"{k} {v['median']:+.0f} ({v['sum']:+.0f})" for k, v in r["delay_step_after_fault_ms"].items()))
+    for name, runs in (r.get("recorders") or {}).items():
+        lines.append(f"{name} recording: {len(runs)} run{'s' if len(runs) != 1 else ''}; stamp drift "
+                     f"{_f(max((abs(u['slope_ppm']) for u in runs), default=None))} ppm at most, spread "
+                     f"{_f(max((u['spread_ms'] for u in runs), default=None))} ms at most (p99)")
+    lines.append(f"recovery after faults (onset lag minus the fault-free {r['onset_lag_fault_free_s'] * 1000:.0f} ms):")
     for f in r["faults"]:
         rec = "not measured (no speech onset)" if f["recovery_s"] is None else f"{f['recovery_s']:.2f} s"
         if f["devices_up_after_s"] is not None:
