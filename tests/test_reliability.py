@@ -406,18 +406,23 @@ def test_a_recorders_bursty_stamps_keep_the_waveform_whole(speech):
     assert placed[200] - placed[199] > 0.08 and placed[199] - placed[198] == pytest.approx(0.01)
 
 
-def test_a_recorders_run_summary_shows_a_drifting_sample_clock():
-    """The soak report keeps how each recording was placed: a run whose stamps drift 30 ppm from its
-    sample clock (which ``placed`` would smear over the run) shows that slope; a lost block starts a run."""
+def test_a_recorders_drifting_sample_clock_is_followed_not_smeared():
+    """A soak's output sink delivered its samples 31 ppm faster than the monotonic clock: placed at a
+    constant offset per run, 20 minutes read as a 27 ms drift of the delay that was not there. Blocks now
+    sit on the line that fits the run's stamps; the run summary shows the slope; a lost block starts a run."""
     from rtanon.pulse import SourceRecorder
 
     rec = object.__new__(SourceRecorder)
-    n = 30_000  # 300 s of 10 ms blocks
+    n = 60_000  # 600 s of 10 ms blocks
     block = np.zeros(160, np.int16)
-    rec.blocks = [(50.0 + k * 0.01 * (1 + 30e-6), block) for k in range(n)]
+    stamps = [50.0 + k * 0.01 * (1 - 31e-6) + (0.004 if k % 3 == 0 else 0.0) for k in range(n)]  # and some jitter
+    rec.blocks = [(t, block) for t in stamps]
     rec.lost_before = [False] * n
+    placed = [t for t, _ in rec.placed()]
+    true = [50.0 + k * 0.01 * (1 - 31e-6) for k in range(n)]
+    assert max(abs(a - b) for a, b in zip(placed[::500], true[::500])) < 0.001  # at both ends too
     runs = rec.run_summary(50.0)
-    assert len(runs) == 1 and runs[0]["blocks"] == n and abs(runs[0]["slope_ppm"] - 30.0) < 0.5, runs
-    assert runs[0]["spread_ms"] < 0.1 and abs(runs[0]["start_s"] - 0.0045) < 0.01
-    rec.lost_before[20_000] = True
-    assert [r["blocks"] for r in rec.run_summary(50.0)] == [20_000, 10_000]
+    assert len(runs) == 1 and runs[0]["blocks"] == n and abs(runs[0]["slope_ppm"] + 31.0) < 0.5, runs
+    assert 3.5 < runs[0]["spread_ms"] < 4.5 and abs(runs[0]["start_s"]) < 0.001
+    rec.lost_before[40_000] = True
+    assert [r["blocks"] for r in rec.run_summary(50.0)] == [40_000, 20_000]

@@ -340,6 +340,8 @@ class SourceRecorder:
 
     #: how far a block's stamp may stray from its run's sample clock before a new run starts
     RUN_TOLERANCE_S = 0.06
+    #: a run at least this long is placed on a fitted clock slope (``_clock``), a shorter one at its median offset
+    MIN_FIT_S = 10.0
 
     def __init__(self, source: str) -> None:
         import sounddevice as sd
@@ -373,35 +375,47 @@ class SourceRecorder:
             runs.append([(t, 0.0, b)])
         return runs
 
+    @staticmethod
+    def _clock(run) -> tuple[float, float]:
+        """(offset, slope) of a run's stamps against its sample position: stamp = offset + (1 + slope) k.
+        The slope is the median stamp offset of the run's last third against its first third (robust to
+        bursty stamps); runs under ``MIN_FIT_S`` keep slope 0."""
+        import numpy as np
+
+        k = np.array([k for _, k, _ in run])
+        d = np.array([t for t, _, _ in run]) - k
+        slope = 0.0
+        if k[-1] >= SourceRecorder.MIN_FIT_S:
+            a, b = k < k[-1] / 3, k > 2 * k[-1] / 3
+            slope = float((np.median(d[b]) - np.median(d[a])) / (np.median(k[b]) - np.median(k[a])))
+        return float(np.median(d - slope * k)), slope
+
     def placed(self) -> list[tuple[float, np.ndarray]]:
         """(capture time, block) of every block. A server that delivers in bursts (PipeWire, its 21 ms
         quantum against 10 ms blocks) jitters each stamp by a third of a block or more, which would tear the
-        waveform apart; so blocks sit at their sample position, contiguous, after the median offset of the
-        stamps of their run. A run ends at a block PortAudio flags as following lost input, or whose stamp
+        waveform apart; so blocks sit at their sample position, contiguous, on the line that fits the stamps
+        of their run (``_clock``): a sound server's sample clock may run tens of ppm off the monotonic one
+        (31 ppm measured on a soak's output sink), which a constant offset would turn into a delay that
+        drifts over the run. A run ends at a block PortAudio flags as following lost input, or whose stamp
         is RUN_TOLERANCE_S off the run's sample clock (samples lost unflagged, or clocks drifting apart)."""
-        import numpy as np
-
         out = []
         for run in self._runs():
-            offset = float(np.median([t - k for t, k, _ in run]))
-            out += [(offset + k, b) for _, k, b in run]
+            offset, slope = self._clock(run)
+            out += [(offset + (1.0 + slope) * k, b) for _, k, b in run]
         return out
 
     def run_summary(self, t0: float) -> list[dict]:
-        """How ``placed`` put each run, to check the placement itself: its start (s after ``t0``), length,
-        the slope of stamp minus sample position (ppm: a sample clock that drifts from the stamps' makes a
-        long run's placement err by up to half the drift at its ends) and the stamps' spread around that
-        line (p99 of the absolute residual, ms)."""
+        """How ``placed`` put each run: its start (s after ``t0``), length, the slope of its stamps against
+        its sample position (ppm; ``placed`` follows it) and the stamps' spread around that line (p99 of
+        the absolute residual, ms)."""
         import numpy as np
 
         out = []
         for run in self._runs():
-            k = np.array([k for _, k, _ in run])
-            d = np.array([t - k for t, k, _ in run])
-            slope = float(np.polyfit(k, d, 1)[0]) if k[-1] > 1.0 else 0.0
-            resid = d - np.median(d) - slope * (k - np.median(k))
-            out.append({"start_s": round(float(np.median(d)) - t0, 3), "seconds": round(float(k[-1]), 2),
-                        "blocks": len(run), "slope_ppm": round(1e6 * slope, 2),
+            offset, slope = self._clock(run)
+            resid = np.array([t - offset - (1.0 + slope) * k for t, k, _ in run])
+            out.append({"start_s": round(offset - t0, 3), "seconds": round(run[-1][1], 2), "blocks": len(run),
+                        "slope_ppm": round(1e6 * slope, 2),
                         "spread_ms": round(1e3 * float(np.percentile(np.abs(resid), 99)), 2)})
         return out
 
