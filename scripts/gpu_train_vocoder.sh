@@ -31,7 +31,7 @@ if ! "$py" -c "import soundfile" 2>/dev/null; then
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}src PYTHONUNBUFFERED=1
 "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to PyTorch')"
-weights=${CONTENT_WEIGHTS:-models/content/content_encoder.pt}
+weights=${CONTENT_WEIGHTS:-src/rtanon/models/content/content_encoder.pt}
 shards=$pack
 if ! grep -q '"rtanon-vocoder-shards' "$pack/manifest.json"; then
   shards=$out/shards

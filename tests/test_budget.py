@@ -186,8 +186,8 @@ def test_the_causal_phone_reader_reads_aligned_frames_and_collapses_runs(tmp_pat
     tokens = [f"p{i}" for i in range(PHONE_TOKENS)]
     assert frame_phones_to_string(np.array([PHONE_BLANK, 7, 7, PHONE_WB, 7, 8, 8, PHONE_BLANK]), tokens) == \
         ["p7", "p7", "p8"]
-    from rtanon.train.content_config import ContentModelConfig
-    from rtanon.train.content_model import ContentEncoder
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.model import ContentEncoder
 
     model = ContentEncoder(ContentModelConfig(lookahead_frames=1))
     path = tmp_path / "ckpt.pt"

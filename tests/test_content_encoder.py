@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WEIGHTS = REPO / "models" / "content" / "content_encoder.pt"
+WEIGHTS = REPO / "src" / "rtanon" / "models" / "content" / "content_encoder.pt"
 
 pytest.importorskip("onnxruntime")
 
@@ -138,7 +138,7 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
         pytest.importorskip(mod)
     import torch
 
-    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.content.config import ContentModelConfig
     from rtanon.train.content import TrainConfig, load_checkpoint, train_content
     from rtanon.kaldi import KaldiDir
 
@@ -184,7 +184,7 @@ def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
     i must hold (within a frame) the value of the source frame its targets came from."""
     import json
 
-    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.content.config import ContentModelConfig
     from rtanon.train.teacher import CorpusCache
     from rtanon.train.content import TrainConfig, _Batches
 
@@ -220,9 +220,9 @@ def test_lookahead_graph_is_read_shifted(tmp_path, utterance, la):
     output t + L, offline (the utterance padded with L silent frames) and streamed alike."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnx")
-    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.content.config import ContentModelConfig
     from rtanon.train.export import export_content_onnx as export_onnx
-    from rtanon.train.content_model import ContentEncoder
+    from rtanon.content.model import ContentEncoder
     from rtanon.content.stream import ContentEncoderModel
 
     torch.manual_seed(0)
@@ -249,9 +249,9 @@ def test_mean_normalised_graph_streams_and_takes_a_constant_spectrum_out(tmp_pat
     (a microphone's colouring) is gone once W frames have passed; the graph carries the extra state."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnx")
-    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.content.config import ContentModelConfig
     from rtanon.train.export import export_content_onnx as export_onnx
-    from rtanon.train.content_model import ContentEncoder
+    from rtanon.content.model import ContentEncoder
     from rtanon.content.stream import ContentEncoderModel
 
     with pytest.raises(ValueError, match="cmn_frames"):
@@ -299,3 +299,94 @@ def test_spec_augment_masks_bands_and_spans_within_bounds():
     y = np.ones((64, 80, 300), np.float32)
     spec_augment(y, np.random.default_rng(0), 0, 0, 10, 10)
     assert (y == 1).all()
+
+
+def _batched_streams(model, audio: np.ndarray, sessions: int, hop: int) -> list[np.ndarray]:
+    """``sessions`` streams of ``model`` stepped together (one batched call per chunk), session ``i``
+    reading ``audio`` from ``i`` chunks in: each session's z, concatenated."""
+    from rtanon.batch import run_batched
+
+    streams = [model.open_stream(hop) for _ in range(sessions)]
+    outs: list[list[np.ndarray]] = [[] for _ in streams]
+    for k in range(len(audio) // hop - sessions):
+        chunks = [audio[(k + i) * hop:(k + i + 1) * hop] for i in range(sessions)]
+        for out, z in zip(outs, run_batched([s.steps(c) for s, c in zip(streams, chunks)])):
+            out.append(z)
+    return [np.concatenate(o) for o in outs]
+
+
+def _torch_encoder(onnx_model, device="cpu"):
+    from rtanon.content.stream import TorchContentEncoder
+
+    pytest.importorskip("torch")
+    return TorchContentEncoder(WEIGHTS, onnx_model, device=device)
+
+
+@pytest.mark.parametrize("hop", [320, 640])
+def test_torch_encoder_streams_batched_as_the_graph_does(onnx_model, utterance, hop):
+    """The CUDA server's content runner, on CPU tensors: three streams in one batch give each what the
+    ONNX graph's streams give."""
+    got = _batched_streams(_torch_encoder(onnx_model), utterance, 3, hop)
+    want = _batched_streams(onnx_model, utterance, 3, hop)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.shape[0] > 50
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+
+
+def test_torch_weights_of_another_encoder_are_refused(onnx_model, tmp_path):
+    import torch
+
+    from rtanon.config import ConfigError
+    from rtanon.content.stream import TorchContentEncoder
+
+    ckpt = torch.load(WEIGHTS, map_location="cpu", weights_only=True)
+    ckpt["model"]["proj.weight"] = ckpt["model"]["proj.weight"] * 1.05
+    torch.save(ckpt, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="do not compute the content graph"):
+        TorchContentEncoder(tmp_path / "other.pt", onnx_model)
+
+
+def test_a_graph_step_pads_its_rows_to_the_bucket_and_cuts_them_back():
+    """``CudaGraphStep``'s buffers without the capture (a CPU here): fewer rows than its batch come back
+    as the function gives them, whatever the padding rows held before."""
+    torch = pytest.importorskip("torch")
+    from rtanon.neural.backends import CudaGraphStep, batch_bucket
+
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 1000)] == [1, 2, 4, 4, 8, 8, 16, 1024]
+
+    def fn(x, s):
+        return x * 2 + s.sum(1, keepdim=True), s + 1
+
+    rng = torch.Generator().manual_seed(0)
+    step = CudaGraphStep(fn, [torch.zeros(1, 3), torch.zeros(1, 2)], batch=8, capture=False)
+    for n in (8, 3, 5, 1):
+        x, s = torch.randn(n, 3, generator=rng), torch.randn(n, 2, generator=rng)
+        out = step([x, s])
+        want = fn(x, s)
+        assert all(o.shape == w.shape for o, w in zip(out, want))
+        for o, w in zip(out, want):
+            torch.testing.assert_close(o, w)
+    with pytest.raises(ValueError, match="9 rows"):
+        step([torch.zeros(9, 3), torch.zeros(9, 2)])
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="no CUDA device: the content encoder's CUDA graphs need one (checked on CPU tensors above)")
+def test_torch_encoder_on_cuda_replays_bucketed_graphs_as_the_graph_streams(onnx_model, utterance):
+    enc = _torch_encoder(onnx_model, "cuda")
+    for sessions in (1, 3, 5):  # buckets 1, 4, 8
+        for g, w in zip(_batched_streams(enc, utterance, sessions, 320),
+                        _batched_streams(onnx_model, utterance, sessions, 320)):
+            np.testing.assert_allclose(g, w, atol=2e-2 * np.abs(w).max(), rtol=0)  # TF32 convolutions
+    assert {k[0] for k in enc._graphs} == {1, 4, 8}
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="no CUDA device: the neural method's CUDA path needs one")
+def test_the_torch_backend_on_cuda_runs_the_content_encoder_there_too():
+    from rtanon.config import NeuralConfig
+    from rtanon.content.stream import TorchContentEncoder
+    from rtanon.stages.neural import NeuralVoiceModel
+
+    model = NeuralVoiceModel(NeuralConfig(backend="torch", device="cuda"))
+    assert isinstance(model.content, TorchContentEncoder) and model.content.device.startswith("cuda")

@@ -231,8 +231,8 @@ def test_warm_start_keeps_a_trained_prenet(tmp_path):
 
 
 def _tiny_content_encoder():
-    from rtanon.train.content_config import ContentModelConfig
-    from rtanon.train.content_model import ContentEncoder
+    from rtanon.content.config import ContentModelConfig
+    from rtanon.content.model import ContentEncoder
 
     torch.manual_seed(0)
     return ContentEncoder(ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8, n_units=4)).eval()

@@ -436,3 +436,34 @@ def test_bench_serve_prints_a_trial_and_a_churn_run(tmp_path):
     assert r.returncode == (0 if churn["held"] else 1)
     assert churn["sessions"] >= 3 and churn["fds_end"] <= churn["fds_start"] and churn["server_tracebacks"] == 0
     assert churn["max_cross_xcorr"] < 0.95 and churn["max_own_xcorr"] < 0.95
+
+
+def test_the_tick_alone_is_measured_and_a_failing_stage_does_not_hold(monkeypatch, speech_paths):
+    """``bench --serve --no-network``: sessions stepped as the scheduler steps them; a trial whose sessions
+    fail (and so answer comfort noise, fast) is not counted as held, however quick its ticks."""
+    from rtanon.engine import Anonymizer
+    from rtanon.serve.bench import WARMUP_TICKS, run_tick_trial
+    from rtanon.stages import mcadams
+
+    speech = read_audio(speech_paths[0])
+    anonymizer = Anonymizer(AnonymizerConfig(method="mcadams"))
+    ok = run_tick_trial(anonymizer, 3, 0.5, speech, budget_ms=1000.0)
+    assert ok["sessions"] == 3 and ok["ticks"] >= 20 and ok["stage_errors"] == 0 and ok["held"]
+    assert 0 < ok["tick_compute_p50_ms"] <= ok["tick_compute_p99_ms"] <= ok["tick_compute_max_ms"]
+
+    def broken(self, rows):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(mcadams._FrameTransform, "run_batch", broken)
+    bad = run_tick_trial(anonymizer, 3, 0.5, speech, budget_ms=1000.0)
+    assert bad["stage_errors"] >= 3 * (WARMUP_TICKS + 20) and not bad["held"]
+
+
+@pytest.mark.slow
+def test_bench_serve_no_network_prints_the_tick_ramp():
+    r = rtanon("bench", "--serve", "--no-network", "--method", "mcadams", "--ramp", "--sessions", "4",
+               "--serve-seconds", "2", "--tick-budget-ms", "1000", "--json", timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["max_sessions_held"] == 4 and [t["sessions"] for t in result["trials"]] == [1, 2, 4]
+    assert "largest N whose tick p99" in r.stdout

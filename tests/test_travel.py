@@ -18,7 +18,7 @@ from rtanon.content.stream import ContentEncoderModel  # noqa: E402
 from rtanon.train.shards import ShardDataset, ShardWriter  # noqa: E402
 from rtanon.train.travel import TorchContentEncoder, pack_shards, unpack_shards  # noqa: E402
 
-WEIGHTS = Path(__file__).resolve().parents[1] / "models" / "content" / "content_encoder.pt"
+WEIGHTS = Path(__file__).resolve().parents[1] / "src" / "rtanon" / "models" / "content" / "content_encoder.pt"
 
 
 @pytest.fixture(scope="module")

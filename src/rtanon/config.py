@@ -110,7 +110,8 @@ class NeuralConfig:
     ``models/neural/MODEL_CARD.md`` for both points' figures.
     ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones; ``content_onnx``: another
     content encoder (the vocoder must have been trained on its output).
-    ``cuda_graphs``: the torch backend's CUDA-graph replay on CUDA. ``match_loudness``: scale each 20 ms
+    The torch backend on CUDA runs the content encoder there too (its torch weights, beside its graph).
+    ``cuda_graphs``: the torch backend's CUDA-graph replay on CUDA (one graph per batch bucket). ``match_loudness``: scale each 20 ms
     vocoder frame to the input frame's RMS (gain at most ``max_gain_db``, ramped across the frame), as
     RVC's volume-envelope mix does: quiet input stays quiet and the level follows the speaker's, whatever
     level the vocoder renders at."""

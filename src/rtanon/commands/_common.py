@@ -29,10 +29,11 @@ def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
                         "extra, tensorrt an NVIDIA GPU with TensorRT)")
     p.add_argument("--accelerator", default=n.device, choices=("cpu", "cuda", "auto"),
                    help=f"neural method, --backend torch: where the vocoder runs (default: {n.device}; audio "
-                        "devices are --input/--output)")
+                        "devices are --input/--output); on cuda the content encoder runs there too, from the torch "
+                        "weights beside its graph")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                   help="neural method, --backend torch on CUDA: run the vocoder step eagerly instead of replaying "
-                        "it as a captured CUDA graph (slower; for measuring what the graphs save)")
+                   help="neural method, --backend torch on CUDA: run the vocoder and content steps eagerly instead "
+                        "of replaying them as captured CUDA graphs (slower; for measuring what the graphs save)")
     p.add_argument("--vocoder", metavar="FILE", default=None,
                    help="neural method: other vocoder weights than the shipped ones, as `rtanon train vocoder` "
                         "writes them: OUT/vocoder.onnx (onnxruntime, tensorrt) or OUT/generator.pt (torch)")

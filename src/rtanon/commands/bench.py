@@ -51,6 +51,13 @@ def register(sub) -> None:
                         "stream 2-20 s of speech and close (a third without a bye) at random for --serve-seconds; "
                         "checks the server's memory and descriptors and that no output repeats its own or "
                         "another session's input")
+    p.add_argument("--no-network", action="store_true",
+                   help="with --serve: measure the server's tick alone, in this process: --sessions sessions of "
+                        "speech stepped together as the scheduler steps them (content, F0 and vocoder batched), "
+                        "no sockets, no load generator; a trial holds while its tick p99 stays within "
+                        "--tick-budget-ms (with --backend torch --accelerator cuda: the GPU's figure)")
+    p.add_argument("--tick-budget-ms", type=float, default=15.0, metavar="MS",
+                   help="with --serve --no-network: the tick p99 a trial must keep (default: 15)")
     p.add_argument("--serve-seconds", type=float, default=60.0, metavar="S",
                    help="with --serve: length of each trial (default: 60)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
@@ -64,7 +71,7 @@ def run_serve(args) -> int:
     from rtanon.errors import CliError
 
     try:
-        from rtanon.serve.bench import engine_args_of, ramp, run_trial
+        from rtanon.serve.bench import engine_args_of, run_trial
     except ImportError:
         raise CliError("rtanon bench --serve needs the [serve] extra: pip install 'rtanon[serve]'") from None
     if args.sessions < 1:
@@ -72,6 +79,10 @@ def run_serve(args) -> int:
     if args.serve_seconds < 2:
         raise CliError(f"--serve-seconds {args.serve_seconds}: use 2 or more")
     speech = [bench.speech_signal(max(args.seconds, 10.0), args.input)]
+    if args.no_network:
+        if args.churn:
+            raise CliError("--churn measures the server with its connections: leave out --no-network")
+        return run_ticks(args, speech[0])
     engine = engine_args_of(args)
     start = {"method": args.method, "privacy": args.privacy}
     if args.churn:
@@ -110,18 +121,65 @@ def run_serve(args) -> int:
     alone = trial(1, min(args.serve_seconds, 10.0))
     say(alone)
     result: dict = {"method": args.method, "privacy": args.privacy, "alone": alone}
-    if args.ramp:
-        result["max_sessions_held"], result["trials"] = ramp(trial, 1, args.sessions, say)
-        print(f"largest N held for {args.serve_seconds:.0f} s with no missed deadline: {result['max_sessions_held']}")
-    else:
-        result["trials"] = [trial(args.sessions)]
-        say(result["trials"][0])
+    _trials(args, trial, say, result, f"held for {args.serve_seconds:.0f} s with no missed deadline")
     last = [t for t in result["trials"] if t["held"]] or result["trials"]
     top = max(last, key=lambda t: t["sessions"])
     if alone["per_session_ms"] and top["per_session_ms"]:
         result["cost_ratio"] = round(top["per_session_ms"] / alone["per_session_ms"], 3)
         print(f"per-session compute at {top['sessions']} sessions: {top['per_session_ms']:.3f} ms per 20 ms frame, "
               f"{result['cost_ratio']:.2f} x its cost alone ({alone['per_session_ms']:.3f} ms)")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def _trials(args, trial, say, result: dict, held: str) -> None:
+    """``--ramp``: the largest N that held, and every trial, into ``result``; else the one trial of
+    ``--sessions``."""
+    from rtanon.serve.bench import ramp
+
+    if args.ramp:
+        result["max_sessions_held"], result["trials"] = ramp(trial, 1, args.sessions, say)
+        print(f"largest N {held}: {result['max_sessions_held']}")
+    else:
+        result["trials"] = [trial(args.sessions)]
+        say(result["trials"][0])
+
+
+def run_ticks(args, speech) -> int:
+    """``rtanon bench --serve --no-network``: the server's tick alone (:func:`rtanon.serve.bench.run_tick_trial`)."""
+    import json
+
+    from rtanon.commands._common import config_from_args
+    from rtanon.engine import Anonymizer
+    from rtanon.serve.bench import run_tick_trial
+    from rtanon.serve.host import warm_up
+
+    anonymizer = Anonymizer(config_from_args(args))
+    warm_up(anonymizer)
+    neural = f" ({args.privacy}, {args.backend} on {args.accelerator})" if args.method == "neural" else ""
+    print(f"rtanon serve's tick, method {args.method}{neural}, in this process (no network), up to "
+          f"{args.serve_seconds:.0f} s per trial; held: tick p99 <= {args.tick_budget_ms:g} ms and no stage error")
+    print(f"{'sessions':>8}{'ticks':>7}{'tick p50 ms':>12}{'tick p99 ms':>12}{'max ms':>9}{'>20 ms':>8}"
+          f"{'per session':>12}{'errors':>7}  held")
+
+    def say(r: dict) -> None:
+        print(f"{r['sessions']:>8}{r['ticks']:>7}{r['tick_compute_p50_ms']:>12.2f}{r['tick_compute_p99_ms']:>12.2f}"
+              f"{r['tick_compute_max_ms']:>9.1f}{r['ticks_over_20ms']:>8}{r['per_session_ms']:>12.3f}"
+              f"{r['stage_errors']:>7}  {'yes' if r['held'] else 'NO'}", flush=True)
+
+    def trial(n: int, seconds: float = args.serve_seconds) -> dict:
+        return run_tick_trial(anonymizer, n, seconds, speech, args.tick_budget_ms)
+
+    alone = trial(1, min(args.serve_seconds, 10.0))
+    say(alone)
+    result: dict = {"method": args.method, "privacy": args.privacy, "backend": args.backend,
+                    "accelerator": args.accelerator, "no_network": True, "alone": alone}
+    _trials(args, trial, say, result, f"whose tick p99 stayed within {args.tick_budget_ms:g} ms")
+    top = max(result["trials"], key=lambda t: t["sessions"])
+    result["cost_ratio"] = round(top["per_session_ms"] / alone["per_session_ms"], 3)
+    print(f"per-session compute at {top['sessions']} sessions: {top['per_session_ms']:.3f} ms per 20 ms frame, "
+          f"{result['cost_ratio']:.2f} x its cost alone ({alone['per_session_ms']:.3f} ms)")
     if args.json:
         print(json.dumps(result))
     return 0

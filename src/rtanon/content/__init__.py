@@ -2,7 +2,10 @@
 
 - ``stream``: ``ContentEncoderModel`` (shared ONNX Runtime session over the shipped graph or another one)
   and ``ContentEncoderStage`` (per-session stream, the stage contract). Needs only numpy and onnxruntime.
+  ``TorchContentEncoder``: the same runner on PyTorch (a CUDA server's content step, batched, replayed
+  as CUDA graphs), from the torch weights shipped beside the graph.
+- ``config``, ``model``: the torch network and its sizes (torch only where ``model`` is imported).
 
-The torch network, its teacher, training, evaluation and export live in :mod:`rtanon.train`; see
+Its teacher, training, evaluation and export live in :mod:`rtanon.train`; see
 ``models/content/MODEL_CARD.md``. Nothing heavy is imported here.
 """

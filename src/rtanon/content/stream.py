@@ -1,10 +1,13 @@
-"""Streaming content encoder on ONNX Runtime (numpy + onnxruntime only).
+"""Streaming content encoder on ONNX Runtime (numpy + onnxruntime only), or on PyTorch.
 
 ``ContentEncoderModel`` is the shared, immutable part: one ONNX Runtime
 session over the exported graph (by default the one shipped as package data,
 ``rtanon/models/content/content_encoder.onnx``). ``model.open_stream()`` gives
 a ``ContentEncoderStage``: the per-session stream holding the explicit state
 tensors and the not-yet-complete 20 ms frame of samples.
+``TorchContentEncoder`` is the same shared part on PyTorch, for a CUDA server: the
+network from the torch weights shipped beside the graph (checked against the graph
+when loaded), its state on the device, a batch of streams replayed as one CUDA graph.
 
 Stage contract (see ``rtanon.stages``): ``process(chunk)`` takes ``hop``
 float32 samples at 16 kHz in [-1, 1] and returns the 50 Hz frames completed
@@ -36,14 +39,15 @@ from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES, SAMPLE_RATE_HZ
 from rtanon.stages.base import check_chunk
 
 PACKAGED_ONNX = "content_encoder.onnx"
+PACKAGED_WEIGHTS = "content_encoder.pt"
 #: ONNX metadata key of the model config (written by ``rtanon.train.export``)
 CONFIG_METADATA_KEY = "rtanon_content_config"
 
 
 @contextmanager
-def packaged_model_path() -> Iterator[Path]:
-    """Path to the shipped ONNX content encoder (package data)."""
-    ref = resources.files("rtanon") / "models" / "content" / PACKAGED_ONNX
+def packaged_model_path(name: str = PACKAGED_ONNX) -> Iterator[Path]:
+    """Path to the shipped ONNX content encoder (package data; ``PACKAGED_WEIGHTS``: its torch weights)."""
+    ref = resources.files("rtanon") / "models" / "content" / name
     with resources.as_file(ref) as p:
         yield p
 
@@ -67,7 +71,35 @@ class ContentStreamConfig:
             raise ValueError(f"threads={self.threads}: use 1 (live path) or more")
 
 
-class ContentEncoderModel:
+class _ContentRunner:
+    """What both runners of the content network share: offline analysis and streams over ``run``."""
+
+    lookahead_frames: int
+    unit_dim: int
+
+    @property
+    def output_dim(self) -> int:
+        """Width D of what ``encode`` and the streams return (the projections ``z``)."""
+        return self.unit_dim
+
+    def analyze(self, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Offline: a whole utterance (float32, 16 kHz) -> soft units (n, K) and projections (n, D) of its
+        n = floor(len/320) frames, from a zero state, the last ``lookahead_frames`` hearing silence after it."""
+        n = (len(audio) // FRAME_SAMPLES) * FRAME_SAMPLES
+        x = np.zeros(n + FRAME_SAMPLES * self.lookahead_frames, np.float32)
+        x[:n] = audio[:n]
+        probs, z, _ = self.run(x, self.init_state())
+        return probs[self.lookahead_frames:], z[self.lookahead_frames:]
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """Offline: a whole utterance -> ``z`` (floor(len/320), D), the stream's output (see ``analyze``)."""
+        return self.analyze(audio)[1]
+
+    def open_stream(self, hop: int) -> "ContentEncoderStage":
+        return ContentEncoderStage(self, hop)
+
+
+class ContentEncoderModel(_ContentRunner):
     """Shared ONNX Runtime session of the causal content encoder."""
 
     def __init__(self, onnx_path: str | Path | None = None, config: ContentStreamConfig | None = None) -> None:
@@ -96,11 +128,6 @@ class ContentEncoderModel:
         raw = self.session.get_modelmeta().custom_metadata_map.get(CONFIG_METADATA_KEY)
         #: L: the graph's output ``t + L`` is frame ``t``'s (see the module docstring)
         self.lookahead_frames = int(json.loads(raw).get("lookahead_frames", 0)) if raw else 0
-
-    @property
-    def output_dim(self) -> int:
-        """Width D of what ``encode`` and the streams return (the projections ``z``)."""
-        return self.unit_dim
 
     def init_state(self) -> list[np.ndarray]:
         return [np.zeros(s, dtype=np.float32) for s in self.state_shapes]
@@ -142,21 +169,6 @@ class ContentEncoderModel:
         return _ort().InferenceSession(graph.SerializeToString(), self._options,
                                        providers=["CPUExecutionProvider"])
 
-    def analyze(self, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Offline: a whole utterance (float32, 16 kHz) -> soft units (n, K) and projections (n, D) of its
-        n = floor(len/320) frames, from a zero state, the last ``lookahead_frames`` hearing silence after it."""
-        n = (len(audio) // FRAME_SAMPLES) * FRAME_SAMPLES
-        x = np.zeros(n + FRAME_SAMPLES * self.lookahead_frames, np.float32)
-        x[:n] = audio[:n]
-        probs, z, _ = self.run(x, self.init_state())
-        return probs[self.lookahead_frames:], z[self.lookahead_frames:]
-
-    def encode(self, audio: np.ndarray) -> np.ndarray:
-        """Offline: a whole utterance -> ``z`` (floor(len/320), D), the stream's output (see ``analyze``)."""
-        return self.analyze(audio)[1]
-
-    def open_stream(self, hop: int) -> "ContentEncoderStage":
-        return ContentEncoderStage(self, hop)
 
 
 class _RowByRow:
@@ -173,10 +185,81 @@ class _RowByRow:
         return [np.concatenate(parts) for parts in zip(*outs)]
 
 
+class TorchContentEncoder(_ContentRunner):
+    """The content encoder on PyTorch (CPU or CUDA), a drop-in for :class:`ContentEncoderModel` as the
+    streams' runner: the network (:class:`rtanon.content.model.ContentEncoder`) from ``weights`` (a
+    ``rtanon lab export-content --weights`` checkpoint; for the packaged graph, the packaged weights), which
+    must compute what ``reference`` (the graph's ONNX Runtime model) computes: checked when loaded on one
+    second of noise (``ConfigError`` otherwise, so a vocoder never reads another encoder's ``z``). The
+    streams' state lives on the device; on CUDA with ``cuda_graphs`` a batch of streams is one replay of a
+    graph captured per (batch bucket, samples) (:class:`rtanon.neural.backends.CudaGraphStep`).
+    ``sha256`` is the reference graph's, the name a vocoder's config records."""
+
+    #: largest |z| difference from the ONNX graph accepted at load, relative to max |z|: float32 on a CPU
+    #: agrees to about 1e-6, CUDA's TF32 convolutions to about 1e-3; another encoder's weights differ by O(1)
+    TOLERANCE = 1e-2
+
+    def __init__(self, weights: str | Path, reference: ContentEncoderModel, device: str = "cpu",
+                 cuda_graphs: bool = True) -> None:
+        from rtanon.config import ConfigError
+        from rtanon.neural.backends import torch_device
+
+        device = torch_device(device)
+        import torch
+
+        from rtanon.content.config import ContentModelConfig
+        from rtanon.content.model import ContentEncoder
+
+        self._torch = torch
+        self.device = device
+        ckpt = torch.load(weights, map_location="cpu", weights_only=True)
+        self.net = ContentEncoder(ContentModelConfig.from_dict(ckpt["model_config"]))
+        self.net.load_state_dict(ckpt["model"])
+        self.net.eval().to(device)
+        self.sha256 = reference.sha256
+        self.lookahead_frames = reference.lookahead_frames
+        self.unit_dim, self.n_units = reference.unit_dim, reference.n_units
+        self._use_graphs = cuda_graphs and device.startswith("cuda")
+        self._graphs: dict = {}
+        x = np.random.default_rng(0).standard_normal(SAMPLE_RATE_HZ).astype(np.float32) * 0.1
+        want = reference.run(x, reference.init_state())[1]
+        got = self.run(x, self.init_state())[1]
+        err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-6))
+        if got.shape != want.shape or not err <= self.TOLERANCE:
+            raise ConfigError(f"{weights}: these torch weights do not compute the content graph "
+                              f"{self.sha256[:12]} (relative difference {err:.2g}); export both from one checkpoint")
+
+    def init_state(self) -> tuple:
+        return tuple(t.to(self.device) for t in self.net.init_state(1))
+
+    def run(self, audio: np.ndarray, state: tuple) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """As :meth:`ContentEncoderModel.run`; the state stays on the device."""
+        return self.run_batch([(audio, state)])[0]
+
+    def run_batch(self, rows) -> list:
+        """As :meth:`ContentEncoderModel.run_batch` (the streams' :class:`rtanon.batch.Runner`)."""
+        torch = self._torch
+        with torch.inference_mode():
+            audio = torch.as_tensor(np.stack([a for a, _ in rows]), device=self.device)
+            state = [torch.cat([s[j] for _, s in rows]) if len(rows) > 1 else rows[0][1][j]
+                     for j in range(len(rows[0][1]))]
+            if self._use_graphs:
+                from rtanon.neural.backends import CudaGraphStep, batch_bucket
+
+                key = (batch_bucket(len(rows)), audio.shape[1])
+                if key not in self._graphs:
+                    self._graphs[key] = CudaGraphStep(self.net, [audio, *state], key[0])
+                probs, z, *new = self._graphs[key]([audio, *state])
+            else:
+                probs, z, *new = self.net(audio, *state)
+            probs, z = probs.cpu().numpy(), z.cpu().numpy()
+        return [(probs[b], z[b], tuple(t[b:b + 1] for t in new)) for b in range(len(rows))]
+
+
 class ContentEncoderStage:
     """Per-session streaming content encoder (stage contract; see the module docstring)."""
 
-    def __init__(self, model: ContentEncoderModel, hop: int) -> None:
+    def __init__(self, model: "ContentEncoderModel | TorchContentEncoder", hop: int) -> None:
         if hop <= 0 or hop % HOP_SAMPLES:
             raise ValueError(f"hop={hop}: use a multiple of {HOP_SAMPLES} samples (10 ms at {SAMPLE_RATE_HZ} Hz)")
         self.model = model

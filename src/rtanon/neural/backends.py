@@ -163,7 +163,8 @@ def torch_device(device: str) -> str:
 
 class TorchBackend:
     """The PyTorch generator (weight norm folded, eval mode). On CUDA with ``cuda_graphs`` the step is
-    captured as a CUDA graph per (batch, frames) shape and replayed; the state then lives on the GPU."""
+    captured as a CUDA graph per (batch bucket, frames) shape and replayed (:class:`CudaGraphStep`); the
+    state then lives on the GPU."""
 
     name = "torch"
 
@@ -177,7 +178,7 @@ class TorchBackend:
             # process-wide: intra-op threads that fight other busy threads cost ~10x per step (measured)
             torch.set_num_threads(threads)
         self._model = model.folded().to(device)
-        self._graphs: dict[tuple[int, int], _CudaGraphStep] = {}
+        self._graphs: dict[tuple[int, int], CudaGraphStep] = {}
         self._use_graphs = cuda_graphs and device.startswith("cuda")
 
     @property
@@ -193,41 +194,60 @@ class TorchBackend:
         ins = [torch.as_tensor(a, device=self.device) for a in (units, f0_hz, speaker, noise)]
         with torch.inference_mode():
             if self._use_graphs:
-                key = (units.shape[0], units.shape[1])
+                key = (batch_bucket(units.shape[0]), units.shape[1])
                 if key not in self._graphs:
-                    self._graphs[key] = _CudaGraphStep(self._model, ins, state)
-                audio, *new = self._graphs[key](ins, state)
+                    self._graphs[key] = CudaGraphStep(self._model.forward_stream, [*ins, *state], key[0])
+                audio, *new = self._graphs[key]([*ins, *state])
             else:
                 audio, *new = self._model.forward_stream(*ins, *state)
         return audio.cpu().numpy(), tuple(new)
 
 
-class _CudaGraphStep:
-    """A captured CUDA graph of ``forward_stream`` with static input/state buffers. ``forward_stream``
-    is a pure function, so warm-up calls change nothing."""
+def batch_bucket(rows: int) -> int:
+    """The batch a CUDA graph is captured at for ``rows`` sessions: the next power of two, so that sessions
+    joining and leaving a server reuse a handful of graphs (at most 2x the rows' work, padded)."""
+    return 1 << max(0, rows - 1).bit_length()
 
-    def __init__(self, model: Any, ins: list, state: tuple) -> None:
+
+class CudaGraphStep:
+    """``fn`` (a pure function of tensors, each with the batch on axis 0, returning a tuple of such
+    tensors) captured as a CUDA graph over static buffers of ``batch`` rows. A call with ``n <= batch``
+    rows copies them into the first ``n`` rows (the rest zeroed: rows are independent, padding changes no
+    real row) and returns the first ``n`` rows of each output. ``fn`` is pure, so the warm-up calls change
+    nothing. ``capture=False`` calls ``fn`` eagerly on the same buffers (the padding checked on a CPU)."""
+
+    def __init__(self, fn: Callable, example: list, batch: int, capture: bool = True) -> None:
         import torch
 
-        self._static_in = [t.clone() for t in ins]
-        self._static_state = [s.clone() for s in state]
+        self._fn = fn
+        self._static = [torch.zeros((batch, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in example]
+        self.batch = batch
+        self._graph = None
+        if not capture:
+            return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
-                model.forward_stream(*self._static_in, *self._static_state)
+                fn(*self._static)
         torch.cuda.current_stream().wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph):
-            self._out = model.forward_stream(*self._static_in, *self._static_state)
+            self._out = fn(*self._static)
 
-    def __call__(self, ins: list, state: tuple) -> tuple:
-        for dst, src in zip(self._static_in, ins):
-            dst.copy_(src)
-        for dst, src in zip(self._static_state, state):
-            dst.copy_(src)
-        self._graph.replay()
-        return tuple(o.clone() for o in self._out)
+    def __call__(self, tensors: list) -> tuple:
+        n = tensors[0].shape[0]
+        if n > self.batch:
+            raise ValueError(f"{n} rows for a graph of {self.batch}")
+        for dst, src in zip(self._static, tensors):
+            dst[:n].copy_(src)
+            dst[n:].zero_()
+        if self._graph is None:
+            out = self._fn(*self._static)
+        else:
+            self._graph.replay()
+            out = self._out
+        return tuple(o[:n].clone() for o in out)
 
 
 # ---- TensorRT ---------------------------------------------------------------------------------

@@ -8,6 +8,11 @@ client saw it. A trial holds when no session missed a deadline and every frame c
 ramp doubles N until a trial fails, then bisects between the last that held and the first that
 did not. A one-session trial first gives the per-session cost alone, the reference for the ratio.
 The load generator runs on the same machine and takes its own share of the CPU.
+
+:func:`run_tick_trial` (``--no-network``) measures the tick alone: N sessions of real speech stepped
+together in this process as the scheduler steps them, with no sockets and no load generator; a trial
+holds when its tick p99 stays within a budget (15 ms: the GPU target of issue 43) and no session's
+stage failed. On a GPU it is the figure of the batched pipeline itself.
 """
 
 from __future__ import annotations
@@ -104,6 +109,42 @@ def run_trial(engine_args: list[str], start: dict, sessions: int, seconds: float
         "round_trip_p99_ms": round(float(np.percentile(rt, 99)), 2) if rt.size else None,
         "held": not errors and lost == 0 and sum(missed) == 0 and rt.size > 0,
     }
+
+
+#: ticks at the start of a --no-network trial left out of its figures (kernels compiled, graphs captured)
+WARMUP_TICKS = 10
+
+
+def run_tick_trial(anonymizer, sessions: int, seconds: float, speech: np.ndarray,
+                   budget_ms: float = 15.0) -> dict:
+    """``sessions`` fresh sessions of ``anonymizer`` stepped together, one :func:`rtanon.batch.run_batched`
+    per 20 ms tick (each session ``speech`` from its own offset), back to back for ``seconds`` of wall
+    time or as many seconds of audio, whichever ends first (at least ``WARMUP_TICKS`` + 20 ticks); the
+    tick's compute p50/p99/max, ticks over 20 ms and the per-session cost. Stage errors are counted: a
+    session that failed answers comfort noise fast, so a trial with any does not hold."""
+    from rtanon.batch import run_batched
+
+    n = anonymizer.chunk_samples
+    streams = [anonymizer.open_session() for _ in range(sessions)]
+    span = len(speech) - n
+    offsets = np.random.default_rng(sessions).integers(0, span, sessions) // n * n
+    ms: list[float] = []
+    t_end = time.monotonic() + seconds
+    tick = 0
+    while tick < WARMUP_TICKS + 20 or (time.monotonic() < t_end and tick < WARMUP_TICKS + seconds * 50):
+        chunks = [speech[(o + tick * n) % span:][:n] for o in offsets]
+        t0 = time.perf_counter()
+        run_batched([s.steps(c) for s, c in zip(streams, chunks)])
+        if tick >= WARMUP_TICKS:
+            ms.append((time.perf_counter() - t0) * 1e3)
+        tick += 1
+    a = np.array(ms)
+    errors = sum(s.counters.stage_errors for s in streams)
+    p50, p99 = float(np.percentile(a, 50)), float(np.percentile(a, 99))
+    return {"sessions": sessions, "ticks": len(ms), "tick_compute_p50_ms": round(p50, 3),
+            "tick_compute_p99_ms": round(p99, 3), "tick_compute_max_ms": round(float(a.max()), 3),
+            "ticks_over_20ms": int((a > 20.0).sum()), "per_session_ms": round(p50 / sessions, 4),
+            "stage_errors": int(errors), "budget_ms": budget_ms, "held": errors == 0 and p99 <= budget_ms}
 
 
 def ramp(trial, start_n: int, max_n: int, say) -> tuple[int, list[dict]]:

@@ -103,6 +103,21 @@ def stage_delay_samples(hop: int, f0_latency_frames: int, content_lookahead_fram
     return max(-(-r // hop) * hop - hop - FRAME_SAMPLES * t for t, r in enumerate(ready))
 
 
+def _torch_content(cfg: NeuralConfig, reference, device: str):
+    """The content encoder on the vocoder's CUDA device (:class:`rtanon.content.stream.TorchContentEncoder`):
+    the packaged torch weights, or for ``--content X.onnx`` the ``X.pt`` beside it."""
+    from rtanon.content.stream import PACKAGED_WEIGHTS, TorchContentEncoder, packaged_model_path
+
+    if not cfg.content_onnx:
+        with packaged_model_path(PACKAGED_WEIGHTS) as p:
+            return TorchContentEncoder(p, reference, device=device, cuda_graphs=cfg.cuda_graphs)
+    weights = Path(cfg.content_onnx).with_suffix(".pt")
+    if not weights.is_file():
+        raise ConfigError(f"{cfg.content_onnx}: the torch backend on CUDA runs the content encoder from its torch "
+                          f"weights, {weights}, which is missing (rtanon lab export-content --weights writes it)")
+    return TorchContentEncoder(weights, reference, device=device, cuda_graphs=cfg.cuda_graphs)
+
+
 class NeuralVoiceModel:
     """Shared, read-only models of the neural method (thread-safe to share between sessions)."""
 
@@ -142,6 +157,8 @@ class NeuralVoiceModel:
         if cfg.content_onnx and not Path(cfg.content_onnx).exists():
             raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
         self.content = ContentEncoderModel(cfg.content_onnx, ContentStreamConfig(threads=cfg.threads))
+        if cfg.backend == "torch" and self.backend.device.startswith("cuda"):
+            self.content = _torch_content(cfg, self.content, self.backend.device)
         trained_on = self.vocoder_config.content_sha256
         if not trained_on and cfg.content_onnx:
             # vocoders from before the record (the shipped one among them) were trained on the packaged encoder

@@ -13,7 +13,6 @@ Vocoder (``rtanon train vocoder``):
 Content encoder (``rtanon train content``):
 
 - ``teacher``: the Whisper tiny.en teacher's features and k-means units, cached per corpus;
-- ``content_config``, ``content_model``: the torch network and its sizes;
 - ``content``: the distillation recipe.
 
 Both, and research tools (``rtanon lab TOOL``):

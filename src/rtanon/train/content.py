@@ -39,7 +39,7 @@ from rtanon.constants import FRAME_SAMPLES
 from rtanon.train.teacher import (PHONE_TOKENS, TEACHER_DIM, CorpusCache, assign_units, build_cache,
                                   cached_phone_frames, fit_units)
 from rtanon.neural.input_mel import mel_filterbank
-from rtanon.train.content_config import ContentModelConfig
+from rtanon.content.config import ContentModelConfig
 from rtanon.train.shards import looks_like_eval_dir
 
 log = logging.getLogger("rtanon.train.content")
@@ -257,7 +257,7 @@ def train_content(cfg: TrainConfig) -> Path:
     from rtanon.train.teacher import need_module
 
     torch = need_module("torch")
-    from rtanon.train.content_model import ContentEncoder
+    from rtanon.content.model import ContentEncoder
 
     cfg.validate()
     out = Path(cfg.out_dir)
@@ -382,7 +382,7 @@ def load_checkpoint(path: Path):
     """The trained ``ContentEncoder`` (eval mode) from a ``ckpt.pt`` or a weights-only ``.pt``."""
     import torch
 
-    from rtanon.train.content_model import ContentEncoder
+    from rtanon.content.model import ContentEncoder
 
     ck = torch.load(path, map_location="cpu", weights_only=False)
     model = ContentEncoder(ContentModelConfig.from_dict(ck["model_config"]))

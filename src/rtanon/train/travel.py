@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] + " See the module "
                                  "rtanon.train.travel for the layout.",
                                  epilog="on the GPU machine: rtanon lab shards unpack PACK runs/shards "
-                                        "--content-weights models/content/content_encoder.pt, then rtanon train "
+                                        "--content-weights src/rtanon/models/content/content_encoder.pt, then rtanon train "
                                         "vocoder --shards runs/shards ...")
     sub = ap.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("pack", help="shards -> a compact pack (Opus audio, F0, speakers; no z)")
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     u.add_argument("pack", type=Path)
     u.add_argument("out", type=Path, help="shard directory to write")
     u.add_argument("--content-weights", type=Path, required=True,
-                   help="torch weights of the packed content graph (models/content/content_encoder.pt for the "
+                   help="torch weights of the packed content graph (src/rtanon/models/content/content_encoder.pt for the "
                         "packaged one)")
     u.add_argument("--accelerator", choices=("cpu", "cuda"), help="default: cuda when available")
     u.add_argument("--jobs", type=int, default=8, help="decoding threads (default 8)")

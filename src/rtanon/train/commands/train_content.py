@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.content.config import ContentModelConfig
     from rtanon.train.content import TrainConfig
 
     d = TrainConfig(data_dirs=[], out_dir=Path("."))
@@ -63,7 +63,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from dataclasses import replace
 
-    from rtanon.train.content_config import ContentModelConfig
+    from rtanon.content.config import ContentModelConfig
     from rtanon.train.content import TrainConfig, train_content
     from rtanon.errors import CliError
 

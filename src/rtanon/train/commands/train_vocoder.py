@@ -27,7 +27,7 @@ def register(sub) -> None:
         epilog="the shipped model's recipe: models/neural/MODEL_CARD.md. Example (a fine-tune of the shipped "
                "weights): rtanon train vocoder --data ../shared/data/so762_train ../shared/data/libri_clips "
                "--out runs/vocoder --init src/rtanon/models/neural/generator.pt --residual-start-step 0 "
-               "--content-loss 30 --content-weights models/content/content_encoder.pt --max-minutes 60")
+               "--content-loss 30 --content-weights src/rtanon/models/content/content_encoder.pt --max-minutes 60")
     p.add_argument("--data", nargs="+", type=Path, metavar="DIR",
                    help="Kaldi-style training directories (e.g. so762_train libri_clips); not needed when --shards "
                         "holds shards already")
@@ -51,8 +51,8 @@ def register(sub) -> None:
                         f"output and of the target, per 20 ms frame (default {d.content_loss_weight:g} = off; the "
                         "shipped model's last stage used 30); needs --content-weights")
     p.add_argument("--content-weights", type=Path, metavar="PT",
-                   help="torch weights of the content encoder that made the shards (models/content/"
-                        "content_encoder.pt for the packaged one; `rtanon lab export-content --weights`), for "
+                   help="torch weights of the content encoder that made the shards (src/rtanon/"
+                        "models/content/content_encoder.pt for the packaged one; `rtanon lab export-content --weights`), for "
                         "--content-loss")
     p.add_argument("--input-mel", type=int, default=0, metavar="BANDS",
                    help="give the vocoder the input's own log-mel in BANDS bands as a second content input (the "
@@ -134,7 +134,7 @@ def run(args) -> int:
     if args.content_loss > 0:
         if args.content_weights is None or not args.content_weights.exists():
             raise CliError("--content-loss needs --content-weights: the torch weights of the content encoder "
-                           "that made the shards (e.g. models/content/content_encoder.pt)")
+                           "that made the shards (e.g. src/rtanon/models/content/content_encoder.pt)")
         from rtanon.train.content import load_checkpoint
 
         content_model = load_checkpoint(args.content_weights)

@@ -31,8 +31,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from rtanon.constants import HOP_SAMPLES
+from rtanon.content.config import N_FFT, WIN_SAMPLES, ContentModelConfig
 from rtanon.neural.input_mel import mel_filterbank
-from rtanon.train.content_config import N_FFT, WIN_SAMPLES, ContentModelConfig
 
 class CausalConv(nn.Module):
     """Conv1d over (B, C, T) with its left context ``(B, C_in, (k-1)*dilation)`` as explicit state."""
