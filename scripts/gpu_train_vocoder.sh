@@ -15,7 +15,9 @@
 # go to `rtanon train vocoder` after the recipe's and win over them (e.g. --init FILE). The shipped balanced
 # vocoder's last stage was `... 4.0 --no-gan --threads 6 --speaker-adversary 3 --init STEP6_GENERATOR`
 # (models/neural/MODEL_CARD.md, recipe step 7). A machine
-# without soundfile needs its wheels (soundfile, cffi, pycparser) in .whl/; a machine that takes at most
+# without soundfile needs its wheels (soundfile, cffi, pycparser) in .whl/ (for the lent machines' Python
+# 3.12: pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64
+# --platform manylinux2014_x86_64 -d .whl soundfile==0.14.0 cffi pycparser); a machine that takes at most
 # 64 MiB of working tree needs the weights this does not read (the vocoder graphs, the strong generator,
 # the content graph) left out of the copy.
 # First run, 2026-11-26, one H200: unpack 23 s, 0.17 s per step; eighteenth session, one H100: unpack about
