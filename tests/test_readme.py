@@ -151,15 +151,19 @@ def check_live(argv, demo, request):
     """The microphone is the server's default source, a fake one playing talk.wav (the private server's
     default would otherwise be the virtual microphone itself: rtanon refuses to record its own output)."""
     pulse = request.getfixturevalue("pulse")
-    request.getfixturevalue("talk")
+    talk = request.getfixturevalue("talk")
     assert _run(["virtual-device", "create"], pulse.env, demo.work).returncode == 0
     if "readme_mic" not in pulse.daemon.pactl("list", "short", "sinks"):
         pulse.daemon.load_null_sink("readme_mic", RATE)
     pulse.daemon.pactl("set-default-source", "readme_mic.monitor")
-    player = subprocess.Popen(["paplay", "--device=readme_mic", str(demo.work / "talk.wav")], env=pulse.env)
+    argv = list(argv)
+    argv[argv.index("--input") + 1] = _an_input_index(pulse.env, demo.work)
+    # the talk four times over, started once the input is known: on a loaded machine live can take
+    # seconds to start listening (a run beside a training job heard no speech in its 3 s)
+    looped = demo.tmp / "talk_looped.wav"
+    sf.write(looped, np.tile(talk, 4), RATE)
+    player = subprocess.Popen(["paplay", "--device=readme_mic", str(looped)], env=pulse.env)
     try:
-        argv = list(argv)
-        argv[argv.index("--input") + 1] = _an_input_index(pulse.env, demo.work)
         proc = _run([*argv, "--duration", "3"], pulse.env, demo.work)
     finally:
         player.kill()
