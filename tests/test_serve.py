@@ -186,6 +186,22 @@ def test_a_new_voice_takes_over_only_while_the_gate_is_closed():
     assert stream.session is new and stream.next_session is None and stream.voice_changes == 1
 
 
+def test_the_scheduler_has_a_worker_per_core_up_to_eight_and_checks_the_count():
+    import os
+
+    from rtanon.config import ConfigError
+    from rtanon.serve.scheduler import default_workers
+
+    assert default_workers() == max(1, min(8, len(os.sched_getaffinity(0))))
+    assert ServeConfig().workers == default_workers()
+    scheduler = Scheduler(ServeConfig(workers=3), lambda _: None)
+    assert scheduler.workers.threads == 3
+    scheduler.stop()  # never started: its workers close all the same
+    for bad in (0, 257):
+        with pytest.raises(ConfigError, match="workers"):
+            ServeConfig(workers=bad).validate()
+
+
 def _raw(url: str, *, headers=None, first=None, then=None, params=None):
     """Connects with aiohttp directly; returns (HTTP status or None, close code, close reason)."""
 

@@ -58,6 +58,9 @@ def register(sub) -> None:
                         "--tick-budget-ms (with --backend torch --accelerator cuda: the GPU's figure)")
     p.add_argument("--tick-budget-ms", type=float, default=15.0, metavar="MS",
                    help="with --serve --no-network: the tick p99 a trial must keep (default: 15)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="with --serve: the server's worker threads for its batched calls (default: rtanon "
+                        "serve's, the cores this process may use, at most 8)")
     p.add_argument("--serve-seconds", type=float, default=60.0, metavar="S",
                    help="with --serve: length of each trial (default: 60)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
@@ -78,12 +81,14 @@ def run_serve(args) -> int:
         raise CliError(f"--sessions {args.sessions}: use 1 or more")
     if args.serve_seconds < 2:
         raise CliError(f"--serve-seconds {args.serve_seconds}: use 2 or more")
+    if args.workers is not None and not 1 <= args.workers <= 256:
+        raise CliError(f"--workers {args.workers}: use 1 to 256")
     speech = [bench.speech_signal(max(args.seconds, 10.0), args.input)]
     if args.no_network:
         if args.churn:
             raise CliError("--churn measures the server with its connections: leave out --no-network")
         return run_ticks(args, speech[0])
-    engine = engine_args_of(args)
+    engine = engine_args_of(args) + ([] if args.workers is None else ["--workers", str(args.workers)])
     start = {"method": args.method, "privacy": args.privacy}
     if args.churn:
         from rtanon.serve.bench import run_churn
@@ -152,13 +157,17 @@ def run_ticks(args, speech) -> int:
 
     from rtanon.commands._common import config_from_args
     from rtanon.engine import Anonymizer
+    from rtanon.batch import Workers
     from rtanon.serve.bench import run_tick_trial
     from rtanon.serve.host import warm_up
+    from rtanon.serve.scheduler import default_workers
 
     anonymizer = Anonymizer(config_from_args(args))
     warm_up(anonymizer)
+    workers = Workers(args.workers or default_workers())
     neural = f" ({args.privacy}, {args.backend} on {args.accelerator})" if args.method == "neural" else ""
-    print(f"rtanon serve's tick, method {args.method}{neural}, in this process (no network), up to "
+    print(f"rtanon serve's tick, method {args.method}{neural}, {workers.threads} worker threads, in this "
+          "process (no network), up to "
           f"{args.serve_seconds:.0f} s per trial; held: tick p99 <= {args.tick_budget_ms:g} ms and no stage error")
     print(f"{'sessions':>8}{'ticks':>7}{'tick p50 ms':>12}{'tick p99 ms':>12}{'max ms':>9}{'>20 ms':>8}"
           f"{'per session':>12}{'errors':>7}  held")
@@ -169,12 +178,12 @@ def run_ticks(args, speech) -> int:
               f"{r['stage_errors']:>7}  {'yes' if r['held'] else 'NO'}", flush=True)
 
     def trial(n: int, seconds: float = args.serve_seconds) -> dict:
-        return run_tick_trial(anonymizer, n, seconds, speech, args.tick_budget_ms)
+        return run_tick_trial(anonymizer, n, seconds, speech, args.tick_budget_ms, workers)
 
     alone = trial(1, min(args.serve_seconds, 10.0))
     say(alone)
     result: dict = {"method": args.method, "privacy": args.privacy, "backend": args.backend,
-                    "accelerator": args.accelerator, "no_network": True, "alone": alone}
+                    "accelerator": args.accelerator, "workers": workers.threads, "no_network": True, "alone": alone}
     _trials(args, trial, say, result, f"whose tick p99 stayed within {args.tick_budget_ms:g} ms")
     top = max(result["trials"], key=lambda t: t["sessions"])
     result["cost_ratio"] = round(top["per_session_ms"] / alone["per_session_ms"], 3)

@@ -47,6 +47,10 @@ def register(sub) -> None:
     p.add_argument("--deadline-ms", type=int, default=d.deadline_ms,
                    help="a frame answered later than this after it arrived gets comfort noise instead "
                         f"(default: {d.deadline_ms})")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="threads that run parts of each batched call at once (content encoder, vocoder, McAdams "
+                        "frames on the CPU; default: the cores this process may use, at most 8; on Ray: "
+                        "--cpus-per-replica)")
     ray = p.add_argument_group("across machines, on Ray Serve (the [serve-ray] extra)")
     ray.add_argument("--ray-address", metavar="ADDR", default=None,
                      help="serve on this Ray cluster (`ray start --head` prints its address; `local` starts one "
@@ -119,7 +123,7 @@ def run(args) -> int:
     except ImportError:
         raise CliError("rtanon serve needs the [serve] extra: pip install 'rtanon[serve]' "
                        "(or RTANON_EXTRAS=serve ./setup.sh)") from None
-    from rtanon.serve.scheduler import ServeConfig
+    from rtanon.serve.scheduler import ServeConfig, realtime_process
 
     def say(text: str) -> None:
         print(f"rtanon serve: {text}", file=sys.stderr, flush=True)
@@ -131,7 +135,10 @@ def run(args) -> int:
     if not _is_loopback(args.host) and args.certfile is None and not args.insecure:
         raise CliError(f"--host {args.host} is reachable from other machines: give --certfile and --keyfile "
                        "(wss://), or --insecure on a trusted network")
-    config = ServeConfig(max_sessions=args.max_sessions, deadline_ms=args.deadline_ms)
+    workers = {} if args.workers is None else {"workers": args.workers}
+    if args.ray_address is not None and args.workers is None:
+        workers = {"workers": max(1, min(8, round(args.cpus_per_replica)))}
+    config = ServeConfig(max_sessions=args.max_sessions, deadline_ms=args.deadline_ms, **workers)
     try:
         config.validate()
     except ValueError as exc:
@@ -152,6 +159,7 @@ def run(args) -> int:
     server = ServeServer(config, token, base=base)
     say(f"loading the {args.method} models")
     server.anonymizer_for(base.method, base.neural.privacy)  # the default session's models, before listening
+    realtime_process()
     scheme = "wss" if ssl_context else "ws"
 
     def ready(port: int) -> None:

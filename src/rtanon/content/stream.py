@@ -25,6 +25,7 @@ with ``L`` frames of silence to give every frame.
 from __future__ import annotations
 
 import hashlib
+import threading
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,6 +103,9 @@ class _ContentRunner:
 class ContentEncoderModel(_ContentRunner):
     """Shared ONNX Runtime session of the causal content encoder."""
 
+    #: ONNX Runtime releases the GIL: a server's workers run parts of a batch at once (:mod:`rtanon.batch`)
+    splits = True
+
     def __init__(self, onnx_path: str | Path | None = None, config: ContentStreamConfig | None = None) -> None:
         ort = _ort()
         self.config = config or ContentStreamConfig()
@@ -118,6 +122,7 @@ class ContentEncoderModel(_ContentRunner):
         self.sha256 = hashlib.sha256(graph).hexdigest()
         self.session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
         self._graph, self._options, self._batched = graph, opts, None
+        self._batched_lock = threading.Lock()
         inputs = self.session.get_inputs()
         if inputs[0].name != "audio":
             raise ValueError(f"{onnx_path}: not a content-encoder graph (first input {inputs[0].name!r})")
@@ -146,7 +151,9 @@ class ContentEncoderModel(_ContentRunner):
         if len(rows) == 1:
             return [self.run(*rows[0])]
         if self._batched is None:
-            self._batched = self._batched_session()
+            with self._batched_lock:  # workers may reach here at once
+                if self._batched is None:
+                    self._batched = self._batched_session()
         feed = {"audio": np.stack([audio for audio, _ in rows])}
         feed.update((name, np.concatenate([state[j] for _, state in rows]))
                     for j, name in enumerate(self.state_names))

@@ -53,6 +53,8 @@ class StepRunner:
 
     def __init__(self, backend) -> None:
         self.backend = backend
+        #: ONNX Runtime on the CPU releases the GIL: a server's workers run parts of the batch at once
+        self.splits = backend.name == "onnxruntime" and getattr(backend, "device", "cpu") == "cpu"
 
     def __eq__(self, other) -> bool:  # every stream's runner of one backend batches with the others
         return isinstance(other, StepRunner) and other.backend is self.backend

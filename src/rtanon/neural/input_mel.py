@@ -139,8 +139,10 @@ class InputMelStream:
             return np.zeros((0, self.bins), np.float32)
         out = log_mel(frame_power(self._buf, n, lead=0), self.basis)
         self._buf = self._buf[FRAME_SAMPLES * n:]
-        if self.cmn_frames:
+        if self.cmn_frames:  # mean_normalise's arithmetic, for the new frames only (a stream is one chunk at a time)
             seen = np.concatenate([self._history, out])
-            out = mean_normalise(seen, self.cmn_frames)[len(self._history):]
+            h = len(self._history)
+            out = np.stack([out[i] - seen[max(0, h + i - self.cmn_frames + 1):h + i + 1].mean(axis=0, dtype=np.float64)
+                            for i in range(n)]).astype(np.float32)
             self._history = seen[max(0, len(seen) - (self.cmn_frames - 1)):]
         return out

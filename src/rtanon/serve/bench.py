@@ -116,12 +116,13 @@ WARMUP_TICKS = 10
 
 
 def run_tick_trial(anonymizer, sessions: int, seconds: float, speech: np.ndarray,
-                   budget_ms: float = 15.0) -> dict:
+                   budget_ms: float = 15.0, workers=None) -> dict:
     """``sessions`` fresh sessions of ``anonymizer`` stepped together, one :func:`rtanon.batch.run_batched`
     per 20 ms tick (each session ``speech`` from its own offset), back to back for ``seconds`` of wall
     time or as many seconds of audio, whichever ends first (at least ``WARMUP_TICKS`` + 20 ticks); the
     tick's compute p50/p99/max, ticks over 20 ms and the per-session cost. Stage errors are counted: a
-    session that failed answers comfort noise fast, so a trial with any does not hold."""
+    session that failed answers comfort noise fast, so a trial with any does not hold. ``workers``: the
+    scheduler's :class:`rtanon.batch.Workers` (none: every call on this thread)."""
     from rtanon.batch import run_batched
 
     n = anonymizer.chunk_samples
@@ -134,7 +135,7 @@ def run_tick_trial(anonymizer, sessions: int, seconds: float, speech: np.ndarray
     while tick < WARMUP_TICKS + 20 or (time.monotonic() < t_end and tick < WARMUP_TICKS + seconds * 50):
         chunks = [speech[(o + tick * n) % span:][:n] for o in offsets]
         t0 = time.perf_counter()
-        run_batched([s.steps(c) for s, c in zip(streams, chunks)])
+        run_batched([s.steps(c) for s, c in zip(streams, chunks)], workers=workers)
         if tick >= WARMUP_TICKS:
             ms.append((time.perf_counter() - t0) * 1e3)
         tick += 1

@@ -17,6 +17,7 @@ from fastapi.responses import PlainTextResponse
 
 from rtanon.paths import printable
 from rtanon.serve.host import CLOSE_POLICY, SessionHost
+from rtanon.serve.scheduler import realtime_process
 
 APP_NAME = "rtanon"
 
@@ -64,6 +65,7 @@ def build(config, token: str, base, *, replicas: int, cpus_per_replica: float, g
             name = f"{serve.get_replica_context().replica_id.unique_id}/{os.getpid()}"  # which replica, which process
             self.host = SessionHost(config, token, base=base, name=name)
             self.host.anonymizer_for(base.method, base.neural.privacy)
+            realtime_process()
             self.host.scheduler.start()
 
         @app.get("/health")
