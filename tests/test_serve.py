@@ -194,6 +194,7 @@ def test_the_scheduler_has_a_worker_per_core_up_to_eight_and_checks_the_count():
 
     assert default_workers() == max(1, min(8, len(os.sched_getaffinity(0))))
     assert ServeConfig().workers == default_workers()
+    assert (default_workers(0.5), default_workers(3.0), default_workers(64)) == (1, 3, 8)  # a Ray replica's cores
     scheduler = Scheduler(ServeConfig(workers=3), lambda _: None)
     assert scheduler.workers.threads == 3
     scheduler.stop()  # never started: its workers close all the same

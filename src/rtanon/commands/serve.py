@@ -123,7 +123,7 @@ def run(args) -> int:
     except ImportError:
         raise CliError("rtanon serve needs the [serve] extra: pip install 'rtanon[serve]' "
                        "(or RTANON_EXTRAS=serve ./setup.sh)") from None
-    from rtanon.serve.scheduler import ServeConfig, realtime_process
+    from rtanon.serve.scheduler import ServeConfig, default_workers, realtime_process
 
     def say(text: str) -> None:
         print(f"rtanon serve: {text}", file=sys.stderr, flush=True)
@@ -137,7 +137,7 @@ def run(args) -> int:
                        "(wss://), or --insecure on a trusted network")
     workers = {} if args.workers is None else {"workers": args.workers}
     if args.ray_address is not None and args.workers is None:
-        workers = {"workers": max(1, min(8, round(args.cpus_per_replica)))}
+        workers = {"workers": default_workers(args.cpus_per_replica)}
     config = ServeConfig(max_sessions=args.max_sessions, deadline_ms=args.deadline_ms, **workers)
     try:
         config.validate()

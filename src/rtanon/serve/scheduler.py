@@ -37,6 +37,14 @@ from rtanon.config import ConfigError
 from rtanon.constants import FRAME_SAMPLES, SAMPLE_RATE_HZ
 
 
+def default_workers(cores: float | None = None) -> int:
+    """Worker threads for ``cores`` (default: the cores this process may use), at most 8: a server's
+    batched calls past that are better batched."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, round(cores)))
+
+
 @dataclass
 class ServeConfig:
     """``max_sessions``: connections served at once (more are refused); ``tick_ms``: the scheduler's
@@ -51,7 +59,7 @@ class ServeConfig:
     deadline_ms: int = 60
     max_queued_frames: int = 25
     burst_frames: int = 25
-    workers: int = field(default_factory=lambda: default_workers())
+    workers: int = field(default_factory=default_workers)
 
     def validate(self) -> None:
         if not 1 <= self.max_sessions <= 100_000:
@@ -67,12 +75,6 @@ class ServeConfig:
             raise ConfigError(f"workers={self.workers}: use 1 to 256")
 
 
-def default_workers() -> int:
-    """The cores this process may use, at most 8: a server's batched calls past that are better batched."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(8, cores))
-
-
 #: the GIL's switch interval a server asks for (Python's default: 5 ms): a worker whose ONNX Runtime call
 #: has returned, or the network's thread, waits at most this long for the tick's thread to let go
 SWITCH_INTERVAL_S = 0.0005
@@ -82,7 +84,7 @@ def realtime_process() -> None:
     """Process-wide settings of a server, called once its models are loaded (``rtanon serve``, a Ray
     replica): a short GIL switch interval (``SWITCH_INTERVAL_S``), and what is alive now moved out of the
     collector's reach (``gc.freeze``) so that a full collection does not walk the models' objects inside a
-    tick. Measured on the 2-core VM, 8 neural sessions over loopback, 30 s: missed deadlines 5,996 -> 13-97."""
+    tick. Measured on the 2-core VM, 8 neural sessions over loopback, 30 s: missed deadlines 5,996 -> 51."""
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
     gc.collect()
     gc.freeze()
