@@ -439,13 +439,13 @@ def test_churn_scores_find_one_sessions_input_in_anothers_output(speech_paths):
 
 @pytest.mark.slow
 def test_bench_serve_prints_a_trial_and_a_churn_run(tmp_path):
-    r = rtanon("bench", "--serve", "--method", "mcadams", "--sessions", "3", "--serve-seconds", "4", "--json",
-               timeout=240)
+    r = rtanon("bench", "--serve", "--method", "mcadams", "--sessions", "3", "--serve-seconds", "4", "--workers", "2",
+               "--json", timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     trial = result["trials"][0]
     assert trial["sessions"] == 3 and trial["frames_lost"] == 0 and trial["tick_compute_p50_ms"] > 0
-    assert result["alone"]["sessions"] == 1 and "cost_ratio" in result
+    assert result["alone"]["sessions"] == 1 and "cost_ratio" in result and result["workers"] == 2
     assert "tick p50 ms" in r.stdout
     r = rtanon("bench", "--serve", "--churn", "--method", "mcadams", "--sessions", "3", "--serve-seconds", "15",
                "--json", timeout=240)

@@ -75,6 +75,7 @@ def run_serve(args) -> int:
 
     try:
         from rtanon.serve.bench import engine_args_of, run_trial
+        from rtanon.serve.scheduler import default_workers
     except ImportError:
         raise CliError("rtanon bench --serve needs the [serve] extra: pip install 'rtanon[serve]'") from None
     if args.sessions < 1:
@@ -125,17 +126,23 @@ def run_serve(args) -> int:
 
     alone = trial(1, min(args.serve_seconds, 10.0))
     say(alone)
-    result: dict = {"method": args.method, "privacy": args.privacy, "alone": alone}
+    # the server is this process's child: its default worker count is this machine's
+    result: dict = {"method": args.method, "privacy": args.privacy,
+                    "workers": args.workers or default_workers(), "alone": alone}
     _trials(args, trial, say, result, f"held for {args.serve_seconds:.0f} s with no missed deadline")
-    last = [t for t in result["trials"] if t["held"]] or result["trials"]
-    top = max(last, key=lambda t: t["sessions"])
+    _cost_ratio(result, [t for t in result["trials"] if t["held"]] or result["trials"])
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def _cost_ratio(result: dict, trials: list[dict]) -> None:
+    """The largest of ``trials``' per-session compute against the session alone, into ``result`` and printed."""
+    top, alone = max(trials, key=lambda t: t["sessions"]), result["alone"]
     if alone["per_session_ms"] and top["per_session_ms"]:
         result["cost_ratio"] = round(top["per_session_ms"] / alone["per_session_ms"], 3)
         print(f"per-session compute at {top['sessions']} sessions: {top['per_session_ms']:.3f} ms per 20 ms frame, "
               f"{result['cost_ratio']:.2f} x its cost alone ({alone['per_session_ms']:.3f} ms)")
-    if args.json:
-        print(json.dumps(result))
-    return 0
 
 
 def _trials(args, trial, say, result: dict, held: str) -> None:
@@ -185,10 +192,7 @@ def run_ticks(args, speech) -> int:
     result: dict = {"method": args.method, "privacy": args.privacy, "backend": args.backend,
                     "accelerator": args.accelerator, "workers": workers.threads, "no_network": True, "alone": alone}
     _trials(args, trial, say, result, f"whose tick p99 stayed within {args.tick_budget_ms:g} ms")
-    top = max(result["trials"], key=lambda t: t["sessions"])
-    result["cost_ratio"] = round(top["per_session_ms"] / alone["per_session_ms"], 3)
-    print(f"per-session compute at {top['sessions']} sessions: {top['per_session_ms']:.3f} ms per 20 ms frame, "
-          f"{result['cost_ratio']:.2f} x its cost alone ({alone['per_session_ms']:.3f} ms)")
+    _cost_ratio(result, result["trials"])
     if args.json:
         print(json.dumps(result))
     return 0
