@@ -227,7 +227,7 @@ class Session:
         """``n`` samples of the session's comfort noise (float32, 16 kHz)."""
         if self._noise_rms == 0.0:
             return np.zeros(n, dtype=np.float32)
-        return (self._noise_rng.standard_normal(n) * self._noise_rms).astype(np.float32)
+        return self._noise_rng.standard_normal(n, dtype=np.float32) * np.float32(self._noise_rms)
 
     def reset(self) -> None:
         """Forgets the audio history; keeps the pseudo-voice and counters."""
@@ -281,10 +281,13 @@ class Session:
         self.counters.rendered_chunks += bool(speech) and bool(np.any(y))
         self.last_speech = bool(speech)
         target = 1.0 if speech else 0.0
-        ramp = np.linspace(self._gain, target, self.chunk_samples, endpoint=False, dtype=np.float32)
+        if self._gain == target:  # steady: the voice, or comfort noise, alone (a new array either way)
+            out = np.clip(y if speech else self.comfort_noise(self.chunk_samples), -1.0, 1.0)
+        else:  # a ramp between the two over this chunk
+            ramp = np.linspace(self._gain, target, self.chunk_samples, endpoint=False, dtype=np.float32)
+            out = np.clip(ramp * y + (1.0 - ramp) * self.comfort_noise(self.chunk_samples), -1.0, 1.0)
         self._gain = target
-        out = ramp * y + (1.0 - ramp) * self.comfort_noise(self.chunk_samples)
-        out = np.clip(out, -1.0, 1.0).astype(np.float32, copy=False)
+        out = out.astype(np.float32, copy=False)
         if self.times is not None:
             self.times.total.append(time.perf_counter_ns() - t0)
         return out
