@@ -281,13 +281,13 @@ class Session:
         self.counters.rendered_chunks += bool(speech) and bool(np.any(y))
         self.last_speech = bool(speech)
         target = 1.0 if speech else 0.0
-        if self._gain == target:  # steady: the voice, or comfort noise, alone (a new array either way)
-            out = np.clip(y if speech else self.comfort_noise(self.chunk_samples), -1.0, 1.0)
+        if self._gain == target:  # steady: the voice, or comfort noise, alone
+            mixed = y if speech else self.comfort_noise(self.chunk_samples)
         else:  # a ramp between the two over this chunk
             ramp = np.linspace(self._gain, target, self.chunk_samples, endpoint=False, dtype=np.float32)
-            out = np.clip(ramp * y + (1.0 - ramp) * self.comfort_noise(self.chunk_samples), -1.0, 1.0)
+            mixed = ramp * y + (1.0 - ramp) * self.comfort_noise(self.chunk_samples)
         self._gain = target
-        out = out.astype(np.float32, copy=False)
+        out = np.clip(mixed, -1.0, 1.0).astype(np.float32, copy=False)  # clip makes a new array: never y itself
         if self.times is not None:
             self.times.total.append(time.perf_counter_ns() - t0)
         return out
