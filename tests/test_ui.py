@@ -337,19 +337,23 @@ def test_new_voice_changes_the_speaker_embedding(live):
 
     loader = threading.Thread(target=load)
     loader.start()
-    assert live.act(action="method", value="neural")["settings"]["method"] == "neural"
-    live.wait_for(lambda: live.state()["method"] == "neural", what="the neural session")
-    t_neural = time.monotonic()
     voices, windows = [], []
-    for _ in range(2):
-        voices.append(live.state()["voice"])
-        t0 = time.monotonic() + 0.5  # the call still plays the voice before for the output latency (~0.2 s)
-        time.sleep(8.0)
-        windows.append((t0, time.monotonic()))
-        assert live.act(action="new_voice")["voice_pending"]
-        live.wait_for(lambda: not live.state()["voice_pending"], what="the new voice at a pause")
-    live.act(action="method", value="mcadams")  # frees the CPU for the encoder
-    loader.join()
+    try:
+        assert live.act(action="method", value="neural")["settings"]["method"] == "neural"
+        live.wait_for(lambda: live.state()["method"] == "neural", what="the neural session")
+        t_neural = time.monotonic()
+        for _ in range(2):
+            voices.append(live.state()["voice"])
+            t0 = time.monotonic() + 0.5  # the call still plays the voice before for the output latency (~0.2 s)
+            time.sleep(8.0)
+            windows.append((t0, time.monotonic()))
+            reply = live.act(action="new_voice")
+            # pending until the next pause, or already swapped in if the worker met one before the reply
+            assert reply["voice_pending"] or reply["voice"] != voices[-1], reply
+            live.wait_for(lambda: not live.state()["voice_pending"], what="the new voice at a pause")
+    finally:
+        live.act(action="method", value="mcadams")  # frees the CPU for the encoder; the next test starts there
+        loader.join()
     encoder = loaded["encoder"]
     t_record = time.monotonic()
     emb = [[_embedding(encoder, x) for x in np.array_split(live.call.audio(*w), 2)] for w in windows]
