@@ -300,6 +300,18 @@ def test_the_status_delay_is_the_servers_where_it_reports_one():
     assert meter.device_ms() == pytest.approx(75.0)
     meter.on_output(SimpleNamespace(currentTime=0.0, outputBufferDacTime=0.0))  # a host API without timestamps
     assert meter.device_ms() is None
+    meter.on_output(SimpleNamespace(currentTime=10.030, outputBufferDacTime=12.5))  # 2.5 s: not a delay
+    assert meter.device_ms() is None
+    # PulseAudio's ALSA plugin reports a zero capture delay when the callback took all there was (or a
+    # hair below zero): still a report, so the status line does not flicker to "estimated"
+    meter.on_output(SimpleNamespace(currentTime=10.030, outputBufferDacTime=10.075))
+    meter.on_input(SimpleNamespace(currentTime=10.030, inputBufferAdcTime=10.030))
+    assert meter.device_ms() == pytest.approx(45.0)
+    meter.on_input(SimpleNamespace(currentTime=10.030, inputBufferAdcTime=10.0305))
+    assert meter.device_ms() == pytest.approx(45.0)
+    meter.on_input(SimpleNamespace(currentTime=10.030, inputBufferAdcTime=10.040))  # 10 ms in the future
+    assert meter.device_ms() is None
+    assert meter.in_ms.percentile(50) == pytest.approx(0.0) and meter.in_ms.count == 3
 
 
 def test_the_soak_analysis_would_see_raw_voice_and_measures_the_delay(speech_paths):
