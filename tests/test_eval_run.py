@@ -52,6 +52,9 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path, capsys):
     assert main(args) == 0  # --train-data found as the *_train sibling
     err = capsys.readouterr().err  # --quiet: no bars, one line per stage
     assert all(f"{stage}: " in err for stage in ("anonymizing", "analyzing", "slicing")) and "%|" not in err
+    # the plan comes first: 4 speakers x 3, the 4 enrolment utterances again, 8 speakers x 2 for the attacker
+    assert err.startswith("rtanon eval: 12 utterances of 4 speakers (all per speaker), 4 enrolment and 16 "
+                          "attacker-training ones: 32 to anonymize for each of mcadams\n"), err[:300]
 
     report = json.loads((out / "report.json").read_text())
     assert set(report["systems"]) == {"original", "mcadams"}
@@ -136,6 +139,24 @@ def test_utts_per_speaker_is_a_seeded_choice_of_each_speaker(shared_data):
     assert all(len(a.utterances_of(s)) == 5 for s in kd.speakers) and len(a.wav) == 5 * len(kd.speakers)
     assert a.wav == _per_speaker(kd, 5, seed=0).wav and a.wav != b.wav
     assert set(a.text) == set(a.wav) and _per_speaker(kd, None, 0) is kd
+
+
+def test_the_plan_line_says_how_to_take_fewer_utterances_of_a_large_set():
+    from rtanon.eval.runner import plan_line
+    from rtanon.kaldi import KaldiDir
+
+    def kaldi(n_spk, n_utt):
+        utt2spk = {f"s{s}_{u:03d}": f"s{s}" for s in range(n_spk) for u in range(n_utt)}
+        return KaldiDir(Path("/x"), {u: Path(f"/x/{u}.wav") for u in utt2spk}, utt2spk, {})
+
+    big = plan_line(kaldi(20, 175), ["a"] * 20, kaldi(4, 3), ["mcadams", "neural"], None)
+    assert big.startswith("rtanon eval: 3500 utterances of 20 speakers (all per speaker), 20 enrolment and 12 ")
+    assert "3532 to anonymize for each of mcadams, neural" in big
+    assert big.endswith("; --utts-per-speaker N takes fewer (e.g. 10: 200)")
+    small = plan_line(kaldi(20, 8), ["a"] * 20, kaldi(4, 3), ["neural"], None)
+    assert "--utts-per-speaker" not in small
+    chosen = plan_line(kaldi(20, 10), ["a"] * 20, kaldi(4, 3), ["neural"], 10)
+    assert "(at most 10 per speaker)" in chosen and "takes fewer" not in chosen
 
 
 def test_systems_always_include_the_baselines(tmp_path):

