@@ -150,6 +150,20 @@ def test_debug_shows_the_traceback(inputs, tmp_path):
     assert proc.returncode == 2 and "Traceback" in proc.stderr and "no such file" in proc.stderr
 
 
+def test_a_native_crash_says_where_it_happened():
+    """A segfault in native code cannot be caught, but the command's stderr shows every thread's Python
+    stack (a CI run once ended `rtanon file` with -11 and nothing else)."""
+    code = ("import ctypes, sys\n"
+            "from rtanon import cli\n"
+            "cli.build_parser = lambda: type('P', (), {'parse_args': lambda self, a: type('A', (), "
+            "{'command': 'crash', 'func': staticmethod(lambda args: ctypes.string_at(0))})()})()\n"
+            "sys.exit(cli.main(['crash']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode < 0, proc.stderr  # killed by the signal, as before
+    assert "Fatal Python error: Segmentation fault" in proc.stderr
+    assert "in main" in proc.stderr and "cli.py" in proc.stderr, proc.stderr
+
+
 def test_help_documents_the_exit_codes():
     proc = _rtanon("--help")
     text = " ".join(proc.stdout.split())

@@ -8,6 +8,7 @@ imports argparse code only, and nothing of the run time imports ``rtanon.train``
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import signal
 import sys
@@ -103,12 +104,24 @@ def _raise_interrupted(signum, frame):
     interrupt(signum, frame)
 
 
+def _report_native_crashes() -> None:
+    """A crash inside native code (a Numba kernel, ONNX Runtime, PortAudio) prints every thread's Python
+    stack to stderr before the process dies, so the report says where it happened."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # stderr replaced by an object without a file descriptor
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
     name = f"rtanon {args.command}"
+    _report_native_crashes()
     previous = {}
     if threading.current_thread() is threading.main_thread():
         forget_interrupts()
