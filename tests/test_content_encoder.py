@@ -153,7 +153,7 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     cfg = TrainConfig(data_dirs=[data], out_dir=tmp_path / "out", batch_size=2, crop_frames=50, max_steps=2,
                       warmup_steps=1, model=ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8,
                                                                n_units=100, lookahead_frames=1),
-                      teacher_weight=1.0, speed_prob=0.5, freq_masks=2, time_masks=2)
+                      teacher_weight=1.0, speed_prob=0.5, freq_masks=2, time_masks=2, speaker_adversary=0.5)
     ckpt = train_content(cfg)
     assert torch.load(ckpt, weights_only=False)["step"] == 2
     assert (tmp_path / "out" / "train.log").read_text().count("checkpoint step 2") == 1
@@ -163,6 +163,9 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     log = (tmp_path / "out" / "train.log").read_text()
     assert "resumed from" in log and '"teacher_weight": 1.0' in log
     assert torch.load(ckpt, weights_only=False)["head"]["weight"].shape == (384, 8)
+    assert "\"speaker_adversary\": 0.5" in log
+    n_spk = len(spk)
+    assert torch.load(ckpt, weights_only=False)["adversary"]["4.weight"].shape == (n_spk, 256, 1)
     model = load_checkpoint(ckpt)
     probs = model(torch.zeros(1, 640), *model.init_state())[0]
     assert probs.shape == (1, 2, 100)
@@ -173,6 +176,26 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     w = load_checkpoint(train_content(warm))
     for (name, a), b in zip(model.state_dict().items(), w.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_the_speaker_adversary_learns_while_z_is_pushed_the_other_way():
+    """The gradient reversal: the classifier's own weights descend its loss, what it reads gets the gradient
+    negated, so the encoder moves z to raise that loss."""
+    torch = pytest.importorskip("torch")
+    from rtanon.train.content import reverse_gradient, speaker_adversary
+
+    torch.manual_seed(0)
+    adversary = speaker_adversary(8, 3)
+    z = torch.randn(2, 20, 8, requires_grad=True)
+    target = torch.tensor([[0] * 20, [2] * 20])
+    loss = torch.nn.functional.cross_entropy(adversary(z.transpose(1, 2)), target)
+    (g_plain,) = torch.autograd.grad(loss, z)
+    z.grad = None
+    loss = torch.nn.functional.cross_entropy(adversary(reverse_gradient(z).transpose(1, 2)), target)
+    loss.backward()
+    assert torch.allclose(z.grad, -g_plain)
+    assert adversary[0].weight.grad is not None and adversary[0].weight.grad.abs().sum() > 0
+    assert adversary(z.transpose(1, 2)).shape == (2, 3, 20)  # a speaker per frame
 
 
 @pytest.mark.parametrize("factor", [0.9, 1.1])
@@ -202,7 +225,8 @@ def test_speed_perturbed_crops_stay_aligned(tmp_path, factor):
                       speed_prob=1.0, gain_db_range=(0.0, 0.0), model=ContentModelConfig())
     batches = _Batches([CorpusCache.load(root)], 128, cfg, np.random.default_rng(0),
                        teacher_norm=(np.zeros(4, np.float32), np.ones(4, np.float32)))
-    audio, units, _, teacher, _ = batches()
+    audio, units, _, teacher, _, speakers = batches()
+    assert np.all(speakers == 0)  # one corpus, one speaker
     for b in range(4):
         valid = units[b] >= 0
         assert valid.sum() >= 145  # the crop is (nearly) filled

@@ -16,6 +16,10 @@ Steps, each resumable (finished work is found on disk and skipped):
    also regresses the standardised teacher features (L1), so z keeps more of
    the teacher's phonetic detail than the K units alone;
    the head is training-only (saved in the checkpoint, never exported).
+   With ``speaker_adversary`` > 0 a small convolutional classifier reads z
+   frame by frame (180 ms of context) through a gradient reversal (Ganin and
+   Lempitsky 2015) and learns each crop's training speaker on its speech
+   frames; z learns to hide them (training-only as well).
    ``init`` warm-starts the network from an earlier checkpoint. Checkpoints
    (``ckpt.pt``) every ``checkpoint_every_s`` and at the end; a rerun
    resumes from it. Seeds are fixed; the log goes to ``<out>/train.log``.
@@ -78,6 +82,7 @@ class TrainConfig:
     freq_mask_max: int = 10
     time_mask_max: int = 10
     init: Path | None = None  # warm start: network weights from this checkpoint (not its optimiser)
+    speaker_adversary: float = 0.0  # weight of the frame-level speaker classifier on z behind gradient reversal
 
     def validate(self) -> None:
         if not self.data_dirs:
@@ -98,8 +103,8 @@ class TrainConfig:
                 or not 1 <= self.time_mask_max <= self.crop_frames:
             raise ValueError("freq_masks/time_masks must be >= 0, freq_mask_max 1..n_mels/2 and time_mask_max "
                              "1..crop_frames (10 ms frames)")
-        if self.teacher_weight < 0 or self.phone_weight < 0:
-            raise ValueError("teacher_weight and phone_weight must be >= 0 (0 = off)")
+        if self.teacher_weight < 0 or self.phone_weight < 0 or self.speaker_adversary < 0:
+            raise ValueError("teacher_weight, phone_weight and speaker_adversary must be >= 0 (0 = off)")
         if self.init is not None and not Path(self.init).exists():
             raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()
@@ -120,8 +125,8 @@ def _speed_ratio(factor: float) -> tuple[int, int]:
 class _Batches:
     """Random aligned crops: audio (B, n*320) float32, units (B, n) int64 (-100 = padding),
     VTLP filterbanks (B, n_mels, 257), with ``teacher_weight`` > 0 standardised teacher
-    features (B, n, 384) float32 and with ``phone_weight`` > 0 frame phone labels (B, n) int64
-    (-100 = padding).
+    features (B, n, 384) float32, with ``phone_weight`` > 0 frame phone labels (B, n) int64
+    (-100 = padding), and each crop's speaker index (B,) int64 (speakers are per corpus).
 
     Speed perturbation by factor f reads about ``n * f`` frames of the source, resamples
     their audio to ``n`` frames' length (pitch and formants move with it) and takes every
@@ -137,6 +142,8 @@ class _Batches:
         self.teacher_norm = teacher_norm
         self.phones = [cached_phone_frames(c) for c in caches] if cfg.phone_weight else None
         self.caches = caches
+        names = sorted({(ci, spk) for ci, c in enumerate(caches) for spk in c.spk})
+        self.speaker_index = {name: i for i, name in enumerate(names)}
         weights = []
         for ci, c in enumerate(caches):
             for ui in range(len(c.utts)):
@@ -159,9 +166,11 @@ class _Batches:
         teacher = np.zeros((B, n, self.teacher[0].shape[1]), dtype=np.float32) if self.teacher else None
         phones = np.full((B, n), -100, dtype=np.int64) if self.phones else None
         fb_idx = np.zeros(B, dtype=np.int64)
+        speakers = np.zeros(B, dtype=np.int64)
         for b, j in enumerate(rng.choice(len(self.items), size=B, p=self.p)):
             ci, ui = self.items[j]
             c = self.caches[ci]
+            speakers[b] = self.speaker_index[(ci, c.spk[ui])]
             nf = int(c.frame_len[ui])
             factor = self.speed_factor()
             up, down = _speed_ratio(factor)
@@ -183,7 +192,7 @@ class _Batches:
             if phones is not None:
                 phones[b, :m] = self.phones[ci][src]
             fb_idx[b] = self.pick_warp()
-        return audio, units, self.fbs[fb_idx], teacher, phones
+        return audio, units, self.fbs[fb_idx], teacher, phones, speakers
 
     def speed_factor(self) -> float:
         if self.cfg.speed_prob > 0 and self.rng.random() < self.cfg.speed_prob:
@@ -278,11 +287,13 @@ def train_content(cfg: TrainConfig) -> Path:
     head = torch.nn.Linear(cfg.model.unit_dim, TEACHER_DIM) if cfg.teacher_weight else None
     # the causal phone reader: a linear head on z, kept in the checkpoint
     phone_head = torch.nn.Linear(cfg.model.unit_dim, PHONE_TOKENS) if cfg.phone_weight else None
-    params = [p for m in (model, head, phone_head) if m is not None for p in m.parameters()]
+    rng = np.random.default_rng(cfg.seed)
+    batches = _Batches(caches, k, cfg, rng, teacher_norm=(km["mean"], km["std"]) if head is not None else None)
+    adversary = speaker_adversary(cfg.model.unit_dim, len(batches.speaker_index)) if cfg.speaker_adversary else None
+    params = [p for m in (model, head, phone_head, adversary) if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt_path = out / "ckpt.pt"
     step, train_s = 0, 0.0
-    rng = np.random.default_rng(cfg.seed)
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         model.load_state_dict(ck["model"])
@@ -290,6 +301,8 @@ def train_content(cfg: TrainConfig) -> Path:
             head.load_state_dict(ck["head"])
         if phone_head is not None:
             phone_head.load_state_dict(ck["phone_head"])
+        if adversary is not None:
+            adversary.load_state_dict(ck["adversary"])
         opt.load_state_dict(ck["opt"])
         step, train_s = ck["step"], ck["train_s"]
         rng.bit_generator.state = ck["np_rng"]
@@ -302,7 +315,6 @@ def train_content(cfg: TrainConfig) -> Path:
         mean, std = _feature_stats(model, caches, rng)
         model.feat_mean.copy_(mean)
         model.feat_std.copy_(std)
-    batches = _Batches(caches, k, cfg, rng, teacher_norm=(km["mean"], km["std"]) if head is not None else None)
     log.info("model: %d parameters; %d training crops sources", sum(p.numel() for p in model.parameters()),
              len(batches.items))
 
@@ -312,19 +324,20 @@ def train_content(cfg: TrainConfig) -> Path:
                         "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                         "model_config": cfg.model.to_dict(), "kmeans": str(cfg.cache / f"kmeans_K{k}.npz"),
                         "head": head.state_dict() if head is not None else None,
-                        "phone_head": phone_head.state_dict() if phone_head is not None else None}, f)
+                        "phone_head": phone_head.state_dict() if phone_head is not None else None,
+                        "adversary": adversary.state_dict() if adversary is not None else None}, f)
         log.info("checkpoint step %d (%.1f min trained)", step, train_s / 60)
 
     run_start = time.time()
     last_ckpt = time.time()
-    acc_ema, loss_ema, reg_ema, phone_ema = None, None, None, None
+    acc_ema, loss_ema, reg_ema, phone_ema, adv_ema = None, None, None, None, None
     model.train()
     while step < cfg.max_steps and (time.time() - run_start) < cfg.max_minutes * 60:
         t0 = time.time()
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.max_steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        audio, units, fbs, teacher, phones = batches()
+        audio, units, fbs, teacher, phones, speakers = batches()
         audio_t, units_t = torch.from_numpy(audio), torch.from_numpy(units)
         state = model.init_state(cfg.batch_size)
         with torch.no_grad():
@@ -354,6 +367,16 @@ def train_content(cfg: TrainConfig) -> Path:
                 pmask = torch.from_numpy(phones) >= 0
                 pacc = (phone_logits.argmax(-1)[pmask] == torch.from_numpy(phones)[pmask]).float().mean().item()
             phone_ema = pacc if phone_ema is None else 0.98 * phone_ema + 0.02 * pacc
+        if adversary is not None:  # every speech frame (a unit other than padding) names the crop's speaker
+            frame_spk = torch.from_numpy(speakers)[:, None].expand_as(units_t).masked_fill(units_t < 0, -100)
+            spk_logits = adversary(reverse_gradient(z).transpose(1, 2)).transpose(1, 2)
+            adv = torch.nn.functional.cross_entropy(spk_logits.reshape(-1, spk_logits.shape[-1]),
+                                                    frame_spk.reshape(-1), ignore_index=-100)
+            loss = loss + cfg.speaker_adversary * adv
+            with torch.no_grad():
+                amask = frame_spk >= 0
+                aacc = (spk_logits.argmax(-1)[amask] == frame_spk[amask]).float().mean().item()
+            adv_ema = aacc if adv_ema is None else 0.98 * adv_ema + 0.02 * aacc
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 5.0)
@@ -366,16 +389,43 @@ def train_content(cfg: TrainConfig) -> Path:
         acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
         loss_ema = ce.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * ce.item()
         if step % 20 == 0:
-            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s%s %.2f s/step",
+            log.info("step %d lr %.2e loss %.3f (ema %.3f) train-acc %.3f (ema %.3f)%s%s%s %.2f s/step",
                      step, lr, ce.item(), loss_ema, acc, acc_ema,
                      f" teacher-L1 (ema) {reg_ema:.3f}" if reg_ema is not None else "",
-                     f" phone-acc (ema) {phone_ema:.3f}" if phone_ema is not None else "", time.time() - t0)
+                     f" phone-acc (ema) {phone_ema:.3f}" if phone_ema is not None else "",
+                     f" adversary speaker-acc (ema) {adv_ema:.3f}" if adv_ema is not None else "", time.time() - t0)
         if time.time() - last_ckpt > cfg.checkpoint_every_s:
             save()
             last_ckpt = time.time()
     save()
     log.info("stopped at step %d of %d after %.1f min of training in total", step, cfg.max_steps, train_s / 60)
     return ckpt_path
+
+
+def speaker_adversary(dim: int, n_speakers: int):
+    """The training-only speaker classifier on z: (B, dim, T) -> (B, n_speakers, T) logits, two
+    convolutions of 5 frames (180 ms of context around each frame)."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Conv1d(dim, 256, 5, padding=2), torch.nn.ReLU(),
+                               torch.nn.Conv1d(256, 256, 5, padding=2), torch.nn.ReLU(),
+                               torch.nn.Conv1d(256, n_speakers, 1))
+
+
+def reverse_gradient(x):
+    """Identity forward, the gradient negated backward: what learns from ``x`` pushes ``x`` the other way."""
+    import torch
+
+    class _Reverse(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return -grad
+
+    return _Reverse.apply(x)
 
 
 def load_checkpoint(path: Path):

@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--phone-weight", type=float, default=d.phone_weight,
                    help="weight of the cross-entropy of a linear phone head on z against hama's phones spread "
                         f"over their frames (the causal phone reader; default {d.phone_weight}: off)")
+    p.add_argument("--speaker-adversary", type=float, default=d.speaker_adversary, metavar="W",
+                   help="weight of a frame-level speaker classifier on z behind gradient reversal: z learns to "
+                        f"hide the training speakers (default {d.speaker_adversary}: off)")
     p.add_argument("--speed-prob", type=float, default=d.speed_prob,
                    help=f"share of crops speed-perturbed by 0.9 or 1.1 (default {d.speed_prob})")
     p.add_argument("--freq-masks", type=int, default=d.freq_masks, metavar="N",
@@ -72,7 +75,8 @@ def run(args) -> int:
                                     dilations=tuple(args.dilations), lookahead_frames=args.lookahead_frames,
                                     cmn_frames=args.cmn_frames),
                       max_steps=args.max_steps, max_minutes=args.max_minutes, threads=args.threads,
-                      teacher_weight=args.teacher_weight, phone_weight=args.phone_weight, speed_prob=args.speed_prob,
+                      teacher_weight=args.teacher_weight, phone_weight=args.phone_weight,
+                      speaker_adversary=args.speaker_adversary, speed_prob=args.speed_prob,
                       freq_masks=args.freq_masks, time_masks=args.time_masks)
     try:
         cfg.validate()
