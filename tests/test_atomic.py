@@ -43,6 +43,26 @@ def test_an_exception_leaves_the_target_as_it_was_and_no_temporary_file(tmp_path
     assert _leftovers(tmp_path) == []
 
 
+def test_a_signal_inside_mkstemp_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Under load a CI-like loop sent SIGINT just as the temporary file appeared: the exception came out of
+    mkstemp after it made the file, before its name was returned. The file is this process's by its name;
+    another live process's file of the same target stays."""
+    real = atomic.tempfile.mkstemp
+    others = tmp_path / ".out.wav.1.abcdefgh.part"  # PID 1 runs: a live writer's
+    others.write_bytes(b"")
+
+    def interrupted_mkstemp(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", interrupted_mkstemp)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.atomic_path(tmp_path / "out.wav"):
+            pass
+    assert _leftovers(tmp_path) == [others.name]
+    assert not (tmp_path / "out.wav").exists()
+
+
 def test_a_target_that_is_a_folder_fails_without_leftovers(tmp_path):
     (tmp_path / "out.json").mkdir()
     with pytest.raises(OSError):

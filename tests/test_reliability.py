@@ -172,6 +172,33 @@ def test_a_signal_swallowed_by_a_destructor_stops_the_run_at_the_next_block(tmp_
         errors.forget_interrupts()
 
 
+def test_a_signal_inside_numbas_compiler_is_raised_at_the_next_block(tmp_path, speech):
+    """Under load the first chunk's kernel was still being loaded from Numba's cache when SIGINT came; the
+    exception went off inside llvmlite's ctypes callback and the process died of a segmentation fault (-11,
+    2 of 27 runs). In Numba's or llvmlite's Python code the handler only remembers; the reader raises."""
+    from rtanon import cli, errors
+    from rtanon.audio_io import read_blocks
+
+    src = tmp_path / "s.wav"
+    sf.write(src, np.tile(speech, 3), RATE)
+    where = {}
+    for path in ("/venv/site-packages/llvmlite/binding/executionengine.py", "/venv/site-packages/numba/core/caching.py"):
+        exec(compile("def callback(handler, sig):\n    handler(sig, sys._getframe())\n    return True\n", path, "exec"),
+             {"sys": sys}, where)
+        blocks = read_blocks(src, block_seconds=0.5)
+        next(blocks)
+        errors.forget_interrupts()
+        try:
+            assert where["callback"](cli._raise_interrupted, signal.SIGINT)  # ran to its end
+            with pytest.raises(KeyboardInterrupt):
+                next(blocks)
+        finally:
+            errors.forget_interrupts()
+    with pytest.raises(KeyboardInterrupt):  # anywhere else it is raised at once
+        cli._raise_interrupted(signal.SIGINT, sys._getframe())
+    errors.forget_interrupts()
+
+
 def test_sigkill_leftovers_are_swept_by_the_next_write_of_that_name(tmp_path):
     from rtanon import atomic
 

@@ -84,18 +84,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     check_target(path)
     directory = path.parent if str(path.parent) else Path(".")
     remove_leftovers(directory, path.name)
+    prefix = f".{path.name}.{os.getpid()}."
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=PART_SUFFIX, dir=directory)
-    except OSError as exc:  # name the file the user asked for, not the temporary one
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    os.close(fd)
-    try:
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=PART_SUFFIX, dir=directory)
+        except OSError as exc:  # name the file the user asked for, not the temporary one
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
         check_target(path)  # a FIFO or device made while the data was written is not replaced either
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
+        if tmp is None:  # a signal inside mkstemp, after it made the file: this process's name for it
+            for leftover in directory.glob(glob.escape(prefix) + "*" + PART_SUFFIX):
+                m = _TEMP_NAME.fullmatch(leftover.name)
+                if m and m["name"] == path.name and int(m["pid"]) == os.getpid():
+                    leftover.unlink(missing_ok=True)
+        elif os.path.exists(tmp):
             os.unlink(tmp)
 
 

@@ -5,13 +5,14 @@ Every module raises its own subclass of :class:`UserError` (``AudioFileError``,
 ``CliError``); the CLI prints any of them in one line, without a traceback,
 and exits with its ``exit_code`` (2; ``RunFailed``: 1). ``Interrupted`` is
 what the CLI's signal handlers raise on SIGTERM and SIGHUP, so every
-``finally`` (temporary files, devices, child processes) runs; a signal whose
-exception Python swallowed (it landed inside a destructor) is raised again by
-``raise_if_interrupted`` at the next block of audio. This module imports
+``finally`` (temporary files, devices, child processes) runs; a signal that
+landed where an exception does harm (a destructor, Numba's compiler) is only
+remembered and raised by ``raise_if_interrupted`` at the next block of audio. This module imports
 nothing of rtanon, so any module may import it.
 """
 
 import signal
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -43,21 +44,30 @@ _signals: list[int] = []  # the signals the CLI's handlers turned into exception
 
 def interrupt(signum: int, frame=None) -> None:
     """Raises what signal ``signum`` asks for (KeyboardInterrupt for SIGINT, else Interrupted), and
-    remembers it for ``raise_if_interrupted``. Where ``frame`` (the signal handler's) runs inside a
-    destructor, it only remembers: Python would swallow the exception there, and the destructor, cut short,
-    leaves its object half torn down (a CI run: llvmlite's ``ObjectRef`` lost an attribute and printed a
-    traceback at exit)."""
+    remembers it for ``raise_if_interrupted``. Where ``frame`` (the signal handler's) is somewhere an
+    exception does harm, it only remembers, and the next block of audio raises it:
+
+    - inside a destructor: Python would swallow the exception there, and the destructor, cut short, leaves
+      its object half torn down (a CI run: llvmlite's ``ObjectRef`` lost an attribute and printed a
+      traceback at exit);
+    - inside Numba's or llvmlite's Python code (a kernel compiled or loaded from the cache on its first
+      call): an exception in llvmlite's ctypes callbacks or between its lock and its release leaves LLVM
+      half way, and the process died of a segmentation fault (CI, and 2 of 27 runs under load)."""
     _signals.append(signum)
-    if _in_destructor(frame):
+    if _unsafe_to_raise(frame):
         return
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Interrupted(signum)
 
 
-def _in_destructor(frame, depth: int = 64) -> bool:
+_NATIVE_COMPILERS = frozenset({"numba", "llvmlite"})
+
+
+def _unsafe_to_raise(frame, depth: int = 64) -> bool:
     while frame is not None and depth > 0:
-        if frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code.co_name == "__del__" or not _NATIVE_COMPILERS.isdisjoint(Path(code.co_filename).parts):
             return True
         frame, depth = frame.f_back, depth - 1
     return False
