@@ -169,13 +169,16 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     model = load_checkpoint(ckpt)
     probs = model(torch.zeros(1, 640), *model.init_state())[0]
     assert probs.shape == (1, 2, 100)
-    # a new run warm-started from it begins with the same network
+    # a new run warm-started from it begins with the same network and teacher head
     warm = TrainConfig(data_dirs=[data], out_dir=tmp_path / "warm", cache_dir=tmp_path / "out" / "cache",
-                       batch_size=2, crop_frames=50, max_steps=1, warmup_steps=1, model=cfg.model, init=ckpt)
-    warm.lr = 0.0
-    w = load_checkpoint(train_content(warm))
+                       batch_size=2, crop_frames=50, max_steps=1, warmup_steps=1, model=cfg.model, init=ckpt,
+                       teacher_weight=1.0, lr=0.0)
+    w_ckpt = train_content(warm)
+    w = load_checkpoint(w_ckpt)
     for (name, a), b in zip(model.state_dict().items(), w.state_dict().values()):
         assert torch.equal(a, b), name
+    head = torch.load(ckpt, weights_only=False)["head"]
+    assert all(torch.equal(head[k], v) for k, v in torch.load(w_ckpt, weights_only=False)["head"].items())
 
 
 def test_the_speaker_adversary_learns_while_z_is_pushed_the_other_way():

@@ -105,6 +105,8 @@ class TrainConfig:
                              "1..crop_frames (10 ms frames)")
         if self.teacher_weight < 0 or self.phone_weight < 0 or self.speaker_adversary < 0:
             raise ValueError("teacher_weight, phone_weight and speaker_adversary must be >= 0 (0 = off)")
+        if not 0.0 <= self.lr <= 1.0:
+            raise ValueError("the learning rate must be in [0, 1] (default 2e-3)")
         if self.init is not None and not Path(self.init).exists():
             raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()
@@ -310,6 +312,10 @@ def train_content(cfg: TrainConfig) -> Path:
         log.info("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, train_s / 60)
     elif cfg.init is not None:
         model.load_state_dict(load_checkpoint(Path(cfg.init)).state_dict())
+        ck = torch.load(cfg.init, map_location="cpu", weights_only=False)
+        for key, m in (("head", head), ("phone_head", phone_head)):  # the heads too, where both have them
+            if m is not None and ck.get(key) is not None:
+                m.load_state_dict(ck[key])
         log.info("warm start from %s", cfg.init)
     else:
         mean, std = _feature_stats(model, caches, rng)

@@ -56,6 +56,12 @@ def register(sub) -> None:
     p.add_argument("--time-masks", type=int, default=d.time_masks, metavar="N",
                    help=f"SpecAugment: time masks of up to {d.time_mask_max} log-mel frames (10 ms) per crop "
                         f"(default {d.time_masks})")
+    p.add_argument("--init", type=Path, default=None, metavar="CKPT",
+                   help="warm start: the network's weights from this checkpoint (not its optimiser), e.g. to go on "
+                        "from a candidate with another loss; the learning-rate schedule starts again")
+    p.add_argument("--learning-rate", type=float, default=d.lr, metavar="LR",
+                   help=f"peak learning rate of the warm-up and cosine schedule (default {d.lr}; lower for a "
+                        "warm start)")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"total steps (default {d.max_steps})")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
                    help=f"stop this run (with a checkpoint) after this many minutes (default {d.max_minutes})")
@@ -77,7 +83,8 @@ def run(args) -> int:
                       max_steps=args.max_steps, max_minutes=args.max_minutes, threads=args.threads,
                       teacher_weight=args.teacher_weight, phone_weight=args.phone_weight,
                       speaker_adversary=args.speaker_adversary, speed_prob=args.speed_prob,
-                      freq_masks=args.freq_masks, time_masks=args.time_masks)
+                      freq_masks=args.freq_masks, time_masks=args.time_masks, init=args.init,
+                      lr=args.learning_rate)
     try:
         cfg.validate()
     except ValueError as exc:
