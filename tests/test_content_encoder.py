@@ -185,7 +185,8 @@ def test_the_speaker_adversary_learns_while_z_is_pushed_the_other_way():
     """The gradient reversal: the classifier's own weights descend its loss, what it reads gets the gradient
     negated, so the encoder moves z to raise that loss."""
     torch = pytest.importorskip("torch")
-    from rtanon.train.content import reverse_gradient, speaker_adversary
+    from rtanon.train.content import speaker_adversary
+    from rtanon.train.discriminators import reverse_gradient
 
     torch.manual_seed(0)
     adversary = speaker_adversary(8, 3)

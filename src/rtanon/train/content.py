@@ -374,6 +374,8 @@ def train_content(cfg: TrainConfig) -> Path:
                 pacc = (phone_logits.argmax(-1)[pmask] == torch.from_numpy(phones)[pmask]).float().mean().item()
             phone_ema = pacc if phone_ema is None else 0.98 * phone_ema + 0.02 * pacc
         if adversary is not None:  # every speech frame (a unit other than padding) names the crop's speaker
+            from rtanon.train.discriminators import reverse_gradient
+
             frame_spk = torch.from_numpy(speakers)[:, None].expand_as(units_t).masked_fill(units_t < 0, -100)
             spk_logits = adversary(reverse_gradient(z).transpose(1, 2)).transpose(1, 2)
             adv = torch.nn.functional.cross_entropy(spk_logits.reshape(-1, spk_logits.shape[-1]),
@@ -416,22 +418,6 @@ def speaker_adversary(dim: int, n_speakers: int):
     return torch.nn.Sequential(torch.nn.Conv1d(dim, 256, 5, padding=2), torch.nn.ReLU(),
                                torch.nn.Conv1d(256, 256, 5, padding=2), torch.nn.ReLU(),
                                torch.nn.Conv1d(256, n_speakers, 1))
-
-
-def reverse_gradient(x):
-    """Identity forward, the gradient negated backward: what learns from ``x`` pushes ``x`` the other way."""
-    import torch
-
-    class _Reverse(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return -grad
-
-    return _Reverse.apply(x)
 
 
 def load_checkpoint(path: Path):
