@@ -6,9 +6,9 @@ Every module raises its own subclass of :class:`UserError` (``AudioFileError``,
 and exits with its ``exit_code`` (2; ``RunFailed``: 1). ``Interrupted`` is
 what the CLI's signal handlers raise on SIGTERM and SIGHUP, so every
 ``finally`` (temporary files, devices, child processes) runs; a signal that
-landed where an exception does harm (a destructor, Numba's compiler) is only
-remembered and raised by ``raise_if_interrupted`` at the next block of audio. This module imports
-nothing of rtanon, so any module may import it.
+lands where an exception does harm (a destructor, Numba's compiler) is only
+remembered, and ``raise_if_interrupted`` raises it at the next block of audio.
+This module imports nothing of rtanon, so any module may import it.
 """
 
 import signal

@@ -20,9 +20,9 @@ Steps, each resumable (finished work is found on disk and skipped):
    frame by frame (180 ms of context) through a gradient reversal (Ganin and
    Lempitsky 2015) and learns each crop's training speaker on its speech
    frames; z learns to hide them (training-only as well).
-   ``init`` warm-starts the network from an earlier checkpoint. Checkpoints
-   (``ckpt.pt``) every ``checkpoint_every_s`` and at the end; a rerun
-   resumes from it. Seeds are fixed; the log goes to ``<out>/train.log``.
+   ``init`` warm-starts the network (and the heads it has) from an earlier
+   checkpoint. Checkpoints (``ckpt.pt``) every ``checkpoint_every_s`` and at
+   the end; a rerun resumes from it. Seeds are fixed; the log goes to ``<out>/train.log``.
 
 Never pass the evaluation directory (so762_dev) as ``--data``.
 """
@@ -311,8 +311,8 @@ def train_content(cfg: TrainConfig) -> Path:
         torch.set_rng_state(ck["torch_rng"])
         log.info("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, train_s / 60)
     elif cfg.init is not None:
-        model.load_state_dict(load_checkpoint(Path(cfg.init)).state_dict())
         ck = torch.load(cfg.init, map_location="cpu", weights_only=False)
+        model.load_state_dict(ck["model"])
         for key, m in (("head", head), ("phone_head", phone_head)):  # the heads too, where both have them
             if m is not None and ck.get(key) is not None:
                 m.load_state_dict(ck[key])
