@@ -398,6 +398,9 @@ def test_the_soaks_raw_voice_check_is_relative_to_the_runs_fault_free_windows():
     high = raw_voice_check([0.5] * 100 + [0.9], [0.55], "mcadams")
     assert high["ok"] is True and high["limit"] == RAW_XCORR
     assert raw_voice_check([], [], "neural")["ok"] is None  # nothing measured: n/a
+    # a short run's few fault-free windows never make the limit stricter than the method's own target
+    assert raw_voice_check([0.30, 0.32, 0.28], [0.423], "mcadams")["ok"] is True
+    assert raw_voice_check([0.10, 0.12, 0.08], [0.25], "neural")["ok"] is False  # 0.25 > 0.22 and > 0.2
 
 
 def test_the_soak_analysis_passes_the_methods_own_level_and_fails_a_late_raw_copy_in_a_fault(speech_paths):

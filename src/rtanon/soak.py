@@ -35,7 +35,8 @@ SIGCONT). Figures (``analyze``):
   the neural method's own level reaches about 0.26 in an hour, McAdams' 0.5),
   and the raw-voice check (``raw_voice_check``): the windows during and after
   faults against the same run's fault-free ones (their 99.9th percentile plus
-  ``XCORR_MARGIN``), and every window against ``RAW_XCORR``, the level a raw
+  ``XCORR_MARGIN``, never below the method's ``max_xcorr`` target), and every
+  window against ``RAW_XCORR``, the level a raw
   copy of the microphone exceeds however late it comes.
 """
 
@@ -64,7 +65,8 @@ TAIL_S = 10.0  # fault-free time at the end
 SPEECH_DBFS = -50.0  # output: 20 ms frames above this are not comfort noise (which sits at -66 dBFS)
 MIC_SPEECH_DBFS = -35.0  # microphone: clear speech (so762_dev averages -25 dBFS), not a fading tail
 DELAY_WINDOW_S, XCORR_WINDOW_S, MAX_DELAY_S = 10.0, 5.0, 1.5
-#: targets of issue 27; ``max_xcorr`` is the raw-voice limit only where a run has no fault-free window
+#: targets of issue 27; ``max_xcorr`` is the raw-voice limit where a run has no fault-free window, and the
+#: lowest limit where it has some
 TARGETS = {"drift_ms": 5.0, "rss_growth_mb": 5.0, "recovery_s": 1.0,
            "max_xcorr": {"neural": 0.2, "mcadams": 0.5}}
 #: The raw-voice check (issue 44): a fault window may correlate with the microphone up to the fault-free
@@ -341,7 +343,9 @@ def raw_voice_check(fault_free: list[float], in_fault: list[float], method: str)
     docstring). ``ok`` None where there is no window at all."""
     if fault_free:
         reference = float(np.percentile(fault_free, XCORR_PERCENTILE))
-        limit = min(reference + XCORR_MARGIN, RAW_XCORR)
+        # never stricter than the method's own target: a short run's few fault-free windows are a noisy
+        # reference (a 60 s McAdams soak in CI: fault-free at most 0.318, a fault window 0.423)
+        limit = min(max(reference + XCORR_MARGIN, TARGETS["max_xcorr"].get(method, 0.5)), RAW_XCORR)
     else:
         reference, limit = None, TARGETS["max_xcorr"].get(method, 0.5)
     raw = int(sum(c >= RAW_XCORR for c in (*fault_free, *in_fault)))
