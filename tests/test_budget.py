@@ -89,6 +89,49 @@ def test_voice_seeds_do_not_depend_on_which_utterances_a_run_picks():
     assert voice_seed(1000, "u1") != voice_seed(1001, "u1")
 
 
+def test_a_candidates_rows_are_stored_under_its_models_and_a_mismatched_pair_is_refused(tmp_path):
+    """A candidate strong vocoder (a packaged folder) keys the rows it renders by its own digests, so one
+    results file holds the shipped pair and candidates side by side, and rows that do not use it keep their
+    keys; a vocoder trained on another content encoder than the one given stops the run before any work."""
+    import shutil
+
+    import torch
+
+    from rtanon.content.stream import packaged_model_path
+    from rtanon.neural.backends import file_sha256
+    from rtanon.stages.neural import PACKAGED_CHECKPOINT, PACKAGED_ONNX, packaged_path
+    from rtanon.train.budget import Models
+
+    cand = tmp_path / "pkg"
+    cand.mkdir()
+    with packaged_path(PACKAGED_CHECKPOINT, "strong") as p:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    with packaged_path(PACKAGED_ONNX, "strong") as p:
+        shutil.copy(p, cand / "vocoder.onnx")  # the same graph: its rows are the shipped ones
+    with packaged_model_path() as p:
+        shipped_content = file_sha256(p)
+    ckpt["config"]["content_sha256"] = shipped_content
+    torch.save(ckpt, cand / "generator.pt")  # another checkpoint file: the student rows are its own
+
+    shipped, candidate = Models(), Models(strong=str(cand))
+    rows = ("original", "student_own", "strong", "balanced")
+    candidate.check(rows)
+    assert candidate.key("original") == shipped.key("original") == "original"
+    assert candidate.key("student_own") != shipped.key("student_own")
+    assert candidate.key("student_own").startswith("student_own@" + shipped_content[:10])
+    assert candidate.key("strong") == shipped.key("strong")
+    assert candidate.key("balanced") == shipped.key("balanced")
+
+    ckpt["config"]["content_sha256"] = "0" * 64
+    torch.save(ckpt, cand / "generator.pt")
+    with pytest.raises(SystemExit, match="trained on content encoder 000000000000"):
+        candidate.check(rows)
+    candidate.check(("original", "balanced"))  # rows that do not use it: nothing to refuse
+    (cand / "vocoder.onnx").unlink()
+    with pytest.raises(SystemExit, match="vocoder.onnx is missing"):
+        candidate.check(("strong",))
+
+
 def test_the_envelope_regressor_is_causal():
     import torch
 

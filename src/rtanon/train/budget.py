@@ -32,6 +32,16 @@ Whisper model of ``--asr`` (WER) and by hama's phone recognizer against the tran
 Each row has a parent; its stage cost is its error rate minus the parent's, and the table names the
 stage that costs the most. The per-utterance transcripts go to ``--out`` (JSON); a rerun with the same
 ``--out`` keeps what it holds and renders only what is missing, so rows and sets can be added later.
+
+A candidate's budget: ``--content`` (a content encoder's graph), ``--strong`` and ``--balanced`` (folders
+as ``rtanon lab package-vocoder`` writes them: ``vocoder.onnx`` and ``generator.pt``) replace the packaged
+models in the rows that use them (``student_*``, ``strong``, ``balanced``). Those rows are stored under
+their models' digests, so one ``--out`` holds the shipped pair and every candidate, and the rows that do not
+depend on them (the original, the synthesiser, McAdams) are rendered once:
+
+    rtanon lab budget --data ../shared/data/so762_dev ../shared/data/libri_devclean --out runs/budget.json \
+        --content runs/pkgPF/content_encoder.onnx --strong runs/pkgS --balanced runs/pkgB8 \
+        --rows original,synth_own,student_own,student_pseudo,strong,balanced
 """
 
 from __future__ import annotations
@@ -80,6 +90,74 @@ ROWS = (
 DEFAULT_ROWS = tuple(r.name for r in ROWS if not r.name.startswith("probe_"))
 ROW_NAMES = tuple(r.name for r in ROWS)
 TRACT_WARP = 1.15
+#: Rows rendered with the content encoder and a vocoder: stored under those models' digests.
+MODEL_ROWS = {"student_own": "strong", "student_pseudo": "strong", "strong": "strong", "balanced": "balanced"}
+
+
+@dataclass(frozen=True)
+class Models:
+    """The content encoder graph and the two vocoder folders (``vocoder.onnx`` + ``generator.pt``) the
+    model rows use; ``None``: the packaged one."""
+
+    content: str | None = None
+    strong: str | None = None
+    balanced: str | None = None
+
+    def files(self, point: str) -> tuple[str | None, str | None, str | None]:
+        """(content graph, vocoder graph, generator checkpoint) of ``point`` ("strong" / "balanced")."""
+        folder = getattr(self, point)
+        if folder is None:
+            return self.content, None, None
+        return self.content, str(Path(folder) / "vocoder.onnx"), str(Path(folder) / "generator.pt")
+
+    def check(self, rows: tuple[str, ...]) -> None:
+        """Stops with a clear message when a file is missing or a vocoder used by ``rows`` was trained on
+        another content encoder than the one given."""
+        if self.content is not None and not Path(self.content).is_file():
+            raise SystemExit(f"--content: {self.content}: no such content encoder graph")
+        for point in sorted({MODEL_ROWS[r] for r in rows if r in MODEL_ROWS}):
+            for f in self.files(point)[1:]:
+                if f is not None and not Path(f).is_file():
+                    raise SystemExit(f"--{point}: {f} is missing (a folder as `rtanon lab package-vocoder` writes)")
+            trained_on, given = self.trained_on(point), self.digest("content")
+            if trained_on != given:
+                raise SystemExit(f"the {point} vocoder ({getattr(self, point) or 'packaged'}) was trained on content "
+                                 f"encoder {trained_on[:12]}, not on {self.content or 'the packaged one'} "
+                                 f"({given[:12]}): pass the pair that belongs together")
+
+    def trained_on(self, point: str) -> str:
+        """sha256 of the content encoder ``point``'s generator was trained on (the packaged encoder for
+        generators from before the record)."""
+        import torch
+
+        from rtanon.stages.neural import PACKAGED_CHECKPOINT, packaged_path
+
+        with packaged_path(PACKAGED_CHECKPOINT, point) as p:
+            config = torch.load(self.files(point)[2] or p, map_location="cpu", weights_only=True)["config"]
+        return config.get("content_sha256") or Models().digest("content")
+
+    def digest(self, what: str, point: str = "strong", row: str = "") -> str:
+        """sha256 of the content encoder graph (``what="content"``) or of ``point``'s vocoder as ``row``
+        uses it: the student rows run the generator checkpoint offline, strong and balanced the graph."""
+        from rtanon.content.stream import packaged_model_path
+        from rtanon.neural.backends import file_sha256
+        from rtanon.stages.neural import PACKAGED_CHECKPOINT, PACKAGED_ONNX, packaged_path
+
+        if what == "content":
+            with packaged_model_path() as p:
+                return file_sha256(self.content or p)
+        _, onnx, ckpt = self.files(point)
+        name, path = (PACKAGED_CHECKPOINT, ckpt) if row.startswith("student_") else (PACKAGED_ONNX, onnx)
+        with packaged_path(name, point) as p:
+            return file_sha256(path or p)
+
+    def key(self, row: str) -> str:
+        """Where ``row`` is stored: its name, and for a model row the digests of the models that render it."""
+        point = MODEL_ROWS.get(row)
+        if point is None:
+            return row
+        return f"{row}@{self.digest('content')[:10]}+{self.digest('vocoder', point, row)[:10]}"
+
 
 _MODELS: dict = {}
 
@@ -99,12 +177,15 @@ def _model(kind: str, **kw):
             _MODELS[key] = IdentityModel()
         elif kind == "extract":
             from rtanon.train.shards import default_extractors
-            _MODELS[key] = default_extractors()
+            _MODELS[key] = default_extractors(content_onnx=kw.get("content"))
         elif kind == "strong_generator":
             from rtanon.neural.vocoder import load_generator
             from rtanon.stages.neural import PACKAGED_CHECKPOINT, packaged_path
-            with packaged_path(PACKAGED_CHECKPOINT, "strong") as path:
-                _MODELS[key] = load_generator(path).eval().float()
+            if kw.get("path"):
+                _MODELS[key] = load_generator(kw["path"]).eval().float()
+            else:
+                with packaged_path(PACKAGED_CHECKPOINT, "strong") as path:
+                    _MODELS[key] = load_generator(path).eval().float()
         elif kind == "probe":
             from rtanon.train.envelope_probe import load
             _MODELS[key] = load(kw["path"])
@@ -116,7 +197,8 @@ def _model(kind: str, **kw):
             from rtanon.engine import Anonymizer
             method = kw["method"]
             cfg = AnonymizerConfig(method="mcadams") if method == "mcadams" else \
-                AnonymizerConfig(method="neural", neural=NeuralConfig(privacy=method))
+                AnonymizerConfig(method="neural", neural=NeuralConfig(
+                    privacy=method, content_onnx=kw.get("content"), vocoder_onnx=kw.get("vocoder")))
             _MODELS[key] = Anonymizer(cfg)
         else:
             raise KeyError(kind)
@@ -132,8 +214,10 @@ def _match_rms(y: np.ndarray, x: np.ndarray) -> np.ndarray:
     return y * (np.sqrt(np.mean(x[:n] ** 2)) / max(1e-6, float(np.sqrt(np.mean(y ** 2)))))
 
 
-def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None = None) -> dict[str, np.ndarray]:
-    """Every row's audio for one utterance (16 kHz float32), with the pseudo-voice of ``seed``."""
+def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None = None,
+           models: Models = Models()) -> dict[str, np.ndarray]:
+    """Every row's audio for one utterance (16 kHz float32), with the pseudo-voice of ``seed``; the model
+    rows with ``models``."""
     import torch
 
     from rtanon.f0.convert import TargetPitch, convert_utterance
@@ -159,9 +243,10 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
     probe_rows = [r for r in rows if r.startswith("probe_")]
     own = extract.speaker_embedding([x]) if "student_own" in rows or probe_rows else None
     if student_rows:
-        z = extract.units(x)
+        content, _, ckpt = models.files("strong")
+        z = _model("extract", content=content).units(x)
         t = min(len(z), len(f0) // 2)
-        gen = _model("strong_generator")
+        gen = _model("strong_generator", path=ckpt)
         for r in student_rows:
             emb = own if r == "student_own" else voice.embedding
             f = (f0 if r == "student_own" else f0_pseudo)[: 2 * t].astype(np.float32)
@@ -182,14 +267,15 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
             out[r] = _match_rms(synthesise_points(f, env_h, env_n, seed), x)
     for r in ("strong", "balanced", "mcadams"):
         if r in rows:
-            session = _model("anonymizer", method=r).open_session(
+            content, onnx, _ = models.files(r) if r != "mcadams" else (None, None, None)
+            session = _model("anonymizer", method=r, content=content, vocoder=onnx).open_session(
                 seed=seed, identity=None if r == "mcadams" else voice)
             out[r] = session.process_signal(x)
     return out
 
 
 def analyse_utterance(path: str, rows: tuple[str, ...], seed: int, asr: tuple[str, ...],
-                      probes: str | None = None) -> dict:
+                      probes: str | None = None, models: Models = Models()) -> dict:
     """Renders one utterance's rows and reads each back: {row: {"text:MODEL": str, "phones": str}}."""
     import torch
 
@@ -197,7 +283,7 @@ def analyse_utterance(path: str, rows: tuple[str, ...], seed: int, asr: tuple[st
 
     torch.set_num_threads(1)
     x = read_audio(path)
-    audio = render(x, rows, seed, probes)
+    audio = render(x, rows, seed, probes, models)
     res = {}
     for r, y in audio.items():
         y = np.asarray(y, np.float32)
@@ -310,6 +396,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--probes", default=None, metavar="DIR",
                     help="directory with envprobe_{whisper,phones,z}.pt (rtanon lab envelope-probe train), for "
                          "the probe_* rows")
+    ap.add_argument("--content", default=None, metavar="ONNX",
+                    help="a candidate content encoder graph for the student, strong and balanced rows "
+                         "(default: the packaged one)")
+    ap.add_argument("--strong", default=None, metavar="DIR",
+                    help="a candidate strong vocoder (vocoder.onnx + generator.pt, as `rtanon lab "
+                         "package-vocoder` writes them) for the student and strong rows")
+    ap.add_argument("--balanced", default=None, metavar="DIR", help="a candidate balanced vocoder (the same "
+                                                                   "layout) for the balanced row")
     ap.add_argument("--seed", type=int, default=1000, help="seeds the utterances picked and their pseudo-voices "
                                                             "(default 1000)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
@@ -321,6 +415,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROW_NAMES)}")
     if any(r.startswith("probe_") for r in rows) and not args.probes:
         raise SystemExit("the probe_* rows need --probes DIR (rtanon lab envelope-probe train writes them)")
+    models = Models(args.content, args.strong, args.balanced)
+    models.check(rows)
+    keys = {r: models.key(r) for r in rows}
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing as mp
 
@@ -339,23 +436,27 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         store = done.setdefault(f"{key}|seed{args.seed}", {})
         tasks = []
         for u in utts:
-            missing = tuple(r for r in rows
-                            if r not in store.get(u, {}) or any(f"text:{m}" not in store[u][r] for m in asr))
+            missing = tuple(r for r in rows if keys[r] not in store.get(u, {})
+                            or any(f"text:{m}" not in store[u][keys[r]] for m in asr))
             if missing:
                 tasks.append((u, str(kd.wav[u]), missing, voice_seed(args.seed, u)))
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as ex:
-            futures = {ex.submit(analyse_utterance, p, r, s, asr, args.probes): u for u, p, r, s in tasks}
+            futures = {ex.submit(analyse_utterance, p, r, s, asr, args.probes, models): u for u, p, r, s in tasks}
             for fut in tqdm(as_completed(futures), total=len(futures), desc=key, unit="utt", file=sys.stderr):
                 u = futures[fut]
                 for r, res in fut.result().items():
-                    store.setdefault(u, {}).setdefault(r, {}).update(res)
+                    store.setdefault(u, {}).setdefault(keys[r], {}).update(res)
                 atomic.write_text(out, json.dumps(done, indent=0, ensure_ascii=False))
         refs = {u: normalize(kd.text[u]) for u in utts}
         ref_phones = {u: g2p.canonical(refs[u]) for u in utts}
-        results = {u: store[u] for u in utts if u in store}
+        results = {u: {r: store[u][keys[r]] for r in rows if keys[r] in store[u]} for u in utts if u in store}
         figures[key] = {r: error_rates(results, refs, ref_phones, r, asr) for r in rows}
         n_words = sum(len(v) for v in refs.values())
         print(f"{key}: {len(utts)} utterances of {len(kd.speakers)} speakers, {n_words} words", file=sys.stderr)
+    for point in sorted({MODEL_ROWS[r] for r in rows if r in MODEL_ROWS}):
+        if models.content or getattr(models, point):
+            print(f"{point} rows: content encoder {models.content or 'packaged'}, vocoder "
+                  f"{getattr(models, point) or 'packaged'}")
     print(table(figures, asr, rows))
     ranked = costs(figures, asr, rows)
     probed = costs(figures, asr, rows, probes=True)
