@@ -341,13 +341,14 @@ def _onset_lag_s(xdb, ydb, t_s: float, delay_s: float, horizon_s: float = 15.0) 
 def raw_voice_check(fault_free: list[float], in_fault: list[float], method: str) -> dict:
     """Judges the windows' maximum normalised cross-correlations with the microphone (see the module
     docstring). ``ok`` None where there is no window at all."""
+    target = TARGETS["max_xcorr"].get(method, 0.5)
     if fault_free:
         reference = float(np.percentile(fault_free, XCORR_PERCENTILE))
         # never stricter than the method's own target: a short run's few fault-free windows are a noisy
         # reference (a 60 s McAdams soak in CI: fault-free at most 0.318, a fault window 0.423)
-        limit = min(max(reference + XCORR_MARGIN, TARGETS["max_xcorr"].get(method, 0.5)), RAW_XCORR)
+        limit = min(max(reference + XCORR_MARGIN, target), RAW_XCORR)
     else:
-        reference, limit = None, TARGETS["max_xcorr"].get(method, 0.5)
+        reference, limit = None, target
     raw = int(sum(c >= RAW_XCORR for c in (*fault_free, *in_fault)))
     over = int(sum(c >= limit for c in in_fault))
     ok = None if not (fault_free or in_fault) else raw == 0 and over == 0
