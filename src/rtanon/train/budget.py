@@ -103,12 +103,12 @@ class Models:
     strong: str | None = None
     balanced: str | None = None
 
-    def files(self, point: str) -> tuple[str | None, str | None, str | None]:
-        """(content graph, vocoder graph, generator checkpoint) of ``point`` ("strong" / "balanced")."""
+    def vocoder_files(self, point: str) -> tuple[str | None, str | None]:
+        """(vocoder graph, generator checkpoint) of ``point`` ("strong" / "balanced"); ``None``: packaged."""
         folder = getattr(self, point)
         if folder is None:
-            return self.content, None, None
-        return self.content, str(Path(folder) / "vocoder.onnx"), str(Path(folder) / "generator.pt")
+            return None, None
+        return str(Path(folder) / "vocoder.onnx"), str(Path(folder) / "generator.pt")
 
     def check(self, rows: tuple[str, ...]) -> None:
         """Stops with a clear message when a file is missing or a vocoder used by ``rows`` was trained on
@@ -116,10 +116,10 @@ class Models:
         if self.content is not None and not Path(self.content).is_file():
             raise SystemExit(f"--content: {self.content}: no such content encoder graph")
         for point in sorted({MODEL_ROWS[r] for r in rows if r in MODEL_ROWS}):
-            for f in self.files(point)[1:]:
+            for f in self.vocoder_files(point):
                 if f is not None and not Path(f).is_file():
                     raise SystemExit(f"--{point}: {f} is missing (a folder as `rtanon lab package-vocoder` writes)")
-            trained_on, given = self.trained_on(point), self.digest("content")
+            trained_on, given = self.trained_on(point), self.content_digest()
             if trained_on != given:
                 raise SystemExit(f"the {point} vocoder ({getattr(self, point) or 'packaged'}) was trained on content "
                                  f"encoder {trained_on[:12]}, not on {self.content or 'the packaged one'} "
@@ -133,20 +133,24 @@ class Models:
         from rtanon.stages.neural import PACKAGED_CHECKPOINT, packaged_path
 
         with packaged_path(PACKAGED_CHECKPOINT, point) as p:
-            config = torch.load(self.files(point)[2] or p, map_location="cpu", weights_only=True)["config"]
-        return config.get("content_sha256") or Models().digest("content")
+            config = torch.load(self.vocoder_files(point)[1] or p, map_location="cpu", weights_only=True)["config"]
+        return config.get("content_sha256") or Models().content_digest()
 
-    def digest(self, what: str, point: str = "strong", row: str = "") -> str:
-        """sha256 of the content encoder graph (``what="content"``) or of ``point``'s vocoder as ``row``
-        uses it: the student rows run the generator checkpoint offline, strong and balanced the graph."""
+    def content_digest(self) -> str:
+        """sha256 of the content encoder graph."""
         from rtanon.content.stream import packaged_model_path
+        from rtanon.neural.backends import file_sha256
+
+        with packaged_model_path() as p:
+            return file_sha256(self.content or p)
+
+    def vocoder_digest(self, point: str, row: str) -> str:
+        """sha256 of ``point``'s vocoder as ``row`` uses it: the student rows run the generator checkpoint
+        offline, strong and balanced the graph."""
         from rtanon.neural.backends import file_sha256
         from rtanon.stages.neural import PACKAGED_CHECKPOINT, PACKAGED_ONNX, packaged_path
 
-        if what == "content":
-            with packaged_model_path() as p:
-                return file_sha256(self.content or p)
-        _, onnx, ckpt = self.files(point)
+        onnx, ckpt = self.vocoder_files(point)
         name, path = (PACKAGED_CHECKPOINT, ckpt) if row.startswith("student_") else (PACKAGED_ONNX, onnx)
         with packaged_path(name, point) as p:
             return file_sha256(path or p)
@@ -156,7 +160,7 @@ class Models:
         point = MODEL_ROWS.get(row)
         if point is None:
             return row
-        return f"{row}@{self.digest('content')[:10]}+{self.digest('vocoder', point, row)[:10]}"
+        return f"{row}@{self.content_digest()[:10]}+{self.vocoder_digest(point, row)[:10]}"
 
 
 _MODELS: dict = {}
@@ -225,7 +229,7 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
 
     out: dict[str, np.ndarray] = {}
     voice = _model("identities").new_identity("gmm", rng=np.random.default_rng(seed))
-    extract = _model("extract")
+    extract = _model("extract", content=models.content)
     f0 = extract.f0_hz(x)
     f0_pseudo = convert_utterance(f0, TargetPitch.from_quantiles(voice.f0_quantiles_hz)).astype(np.float32)
     if "original" in rows:
@@ -243,10 +247,9 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
     probe_rows = [r for r in rows if r.startswith("probe_")]
     own = extract.speaker_embedding([x]) if "student_own" in rows or probe_rows else None
     if student_rows:
-        content, _, ckpt = models.files("strong")
-        z = _model("extract", content=content).units(x)
+        z = extract.units(x)
         t = min(len(z), len(f0) // 2)
-        gen = _model("strong_generator", path=ckpt)
+        gen = _model("strong_generator", path=models.vocoder_files("strong")[1])
         for r in student_rows:
             emb = own if r == "student_own" else voice.embedding
             f = (f0 if r == "student_own" else f0_pseudo)[: 2 * t].astype(np.float32)
@@ -267,8 +270,8 @@ def render(x: np.ndarray, rows: tuple[str, ...], seed: int, probes: str | None =
             out[r] = _match_rms(synthesise_points(f, env_h, env_n, seed), x)
     for r in ("strong", "balanced", "mcadams"):
         if r in rows:
-            content, onnx, _ = models.files(r) if r != "mcadams" else (None, None, None)
-            session = _model("anonymizer", method=r, content=content, vocoder=onnx).open_session(
+            neural = {} if r == "mcadams" else {"content": models.content, "vocoder": models.vocoder_files(r)[0]}
+            session = _model("anonymizer", method=r, **neural).open_session(
                 seed=seed, identity=None if r == "mcadams" else voice)
             out[r] = session.process_signal(x)
     return out
