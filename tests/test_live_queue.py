@@ -157,6 +157,8 @@ def test_live_config_rejects_a_margin_beyond_its_maximum():
         LiveConfig(jitter_ms=50, max_jitter_ms=40).validate()
     with pytest.raises(ConfigError, match="server_latency_ms"):
         LiveConfig(server_latency_ms=2).validate()
+    with pytest.raises(ConfigError, match="out_block_ms"):
+        LiveConfig(out_block_ms=1).validate()
     LiveConfig().validate()
 
 

@@ -281,13 +281,14 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
     steady = [r for r in status if r["t"] >= E2E_SETTLE_S] or status
     parts = {key: _median([r.get(key) for r in steady]) for key, _ in DELAY_PARTS}
     last = status[-1] if status else {}
-    blocks = max(1, int(1000 * last.get("t", seconds) / 10))  # the output callbacks (10 ms blocks)
+    out_block_ms = last.get("out_block_ms", 10)
+    blocks = max(1, int(1000 * last.get("t", seconds) / out_block_ms))  # the output callbacks
     missed = int(last.get("missed_deadlines", 0))
     return {"e2e_latency_ms": _median(windows), "e2e_p99_ms": _percentile(windows, 99), "e2e_windows": len(windows),
             "e2e_window_delays_ms": [round(d, 1) for d in windows], "e2e_silent_windows": silent,
             "e2e_seconds": seconds, "server": server, "method": method, "chunk_ms": chunk_ms,
             "delay_parts_ms": parts, "delay_parts_sum_ms": round(sum(v or 0.0 for v in parts.values()), 1),
-            "missed_deadlines": missed, "missed_pct": 100.0 * missed / blocks,
+            "missed_deadlines": missed, "missed_pct": 100.0 * missed / blocks, "out_block_ms": out_block_ms,
             "xruns": int(last.get("input_overflows", 0)) + int(last.get("output_underflows", 0)),
             "stuck_reopens": int(last.get("output_stuck", 0)),
             "recorded_s": n / SAMPLE_RATE_HZ,

@@ -40,23 +40,27 @@ class LiveConfig:
     ``steady_s`` without one, by half its excess over ``jitter_ms`` and at least ``jitter_step_ms``. What
     the queue held beyond the margin throughout the last ``window_s`` it gives back from the next
     non-speech output (comfort noise: never a word cut), up to all of it. ``max_queue_ms``: beyond this
-    the queue is trimmed at once (clock drift between devices); ``block_ms``: device callback size;
+    the queue is trimmed at once (clock drift between devices); ``block_ms``: the input device's callback
+    size; ``out_block_ms``: the output device's (a smaller block hands queued audio over sooner);
     ``server_latency_ms``: the buffering rtanon asks the audio server for on its own streams
     (``server_latency``; 0: the server's default); ``resampler_quality``: soxr quality for device rates
     other than 16 kHz (``"LQ"`` keeps its delay low).
 
     The defaults come from ``rtanon bench --e2e`` on a 2-core machine (docs/lab-notes/live-delay.md):
     a 20 ms margin and the server's default buffering cost 40-50 ms more than 5 and 15 ms with no
-    more missed deadlines; below 15 ms PulseAudio reported hundreds of xruns a minute."""
+    more missed deadlines; 5 ms output blocks with a 2 ms margin took another 6 ms off the neural voice
+    on PulseAudio; 10 ms asked of the server (one input block) took 10-14 ms off on PipeWire against 15
+    (5 and 7 ms: no gain there) and cost nothing on PulseAudio since the output runs on libpulse."""
 
-    jitter_ms: int = 5
+    jitter_ms: int = 2
     max_jitter_ms: int = 80
     jitter_step_ms: int = 2
     steady_s: float = 10.0
     window_s: float = 1.0
     max_queue_ms: int = 200
     block_ms: int = 10
-    server_latency_ms: int = 15
+    out_block_ms: int = 5
+    server_latency_ms: int = 10
     resampler_quality: str = "LQ"
 
     def validate(self) -> None:
@@ -68,8 +72,8 @@ class LiveConfig:
         if not (1 <= self.jitter_step_ms <= 50 and 0.2 <= self.window_s <= self.steady_s <= 600):
             raise ConfigError(f"jitter_step_ms={self.jitter_step_ms}, window_s={self.window_s}, steady_s="
                               f"{self.steady_s}; use 1 to 50 ms and 0.2 <= window_s <= steady_s <= 600 s")
-        if not 2 <= self.block_ms <= 40:
-            raise ConfigError(f"block_ms={self.block_ms}; use 2 to 40 ms")
+        if not (2 <= self.block_ms <= 40 and 2 <= self.out_block_ms <= 40):
+            raise ConfigError(f"block_ms={self.block_ms}, out_block_ms={self.out_block_ms}; use 2 to 40 ms")
         if not (self.server_latency_ms == 0 or 5 <= self.server_latency_ms <= 500):
             raise ConfigError(f"server_latency_ms={self.server_latency_ms}; use 0 (the server's default) or 5 to 500")
         if self.resampler_quality not in ("QQ", "LQ", "MQ", "HQ", "VHQ"):
@@ -808,7 +812,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         core.on_output(outdata[:, 0])
 
     inp = DeviceStream("input", in_dev, in_env, in_rate, in_rate * config.block_ms // 1000, in_cb)
-    out = DeviceStream("output", out_dev, out_env, out_rate, out_rate * config.block_ms // 1000, out_cb)
+    out = DeviceStream("output", out_dev, out_env, out_rate, out_rate * config.out_block_ms // 1000, out_cb)
     algo_ms = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
     core.start()
     asked = ExitStack()
@@ -850,6 +854,7 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
             if json_status is not None:
                 json_status.write(json.dumps({
                     "t": time.monotonic() - t_start, "level_dbfs": round(core.level_dbfs, 1),
+                    "out_block_ms": config.out_block_ms,
                     "delay_ms": round(latency, 1), "delay_measured": measured, "algorithmic_ms": algo_ms,
                     **_since_last_status(marks, {"compute_p50_ms": (core.compute_ms, 50),
                                                  "compute_p99_ms": (core.compute_ms, 99),

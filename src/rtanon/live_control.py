@@ -179,7 +179,8 @@ class LiveControl:
         dev, env = resolve_device(spec, kind)
         var = "PULSE_SOURCE" if kind == "input" else "PULSE_SINK"
         rate = pick_rate(dev, kind, self._device_rate)
-        block = rate * self._live_config.block_ms // 1000
+        cfg = self._live_config
+        block = rate * (cfg.block_ms if kind == "input" else cfg.out_block_ms) // 1000
         if kind == "input":
             def cb(indata, frames, time_info, status):
                 if status.input_overflow:

@@ -308,7 +308,8 @@ def print_delay_budget(r: dict) -> None:
     if r["e2e_silent_windows"]:
         print(f"warning: in {r['e2e_silent_windows']} windows of {E2E_WINDOW_S:.0f} s the microphone had speech "
               "and the virtual microphone none (an outage; no delay measured there)")
-    print(f"  missed deadlines {r['missed_deadlines']} ({r['missed_pct']:.2f} % of the 10 ms output blocks), "
+    print(f"  missed deadlines {r['missed_deadlines']} ({r['missed_pct']:.2f} % of the "
+          f"{r.get('out_block_ms', 10):g} ms output blocks), "
           f"xruns {r['xruns']}, stuck streams reopened {r['stuck_reopens']}; waveform similarity to the input: "
           f"microphone {r['xcorr_mic_vs_played']:.2f}, rtanon {r['xcorr_anon_vs_played']:.2f}")
     if r["recorder_overflows"] or r["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
