@@ -136,18 +136,26 @@ def test_recent_values_summarise_the_latest_or_those_since_a_mark():
 
 
 def test_server_latency_is_asked_for_while_open_and_a_users_value_is_kept(monkeypatch):
-    monkeypatch.delenv("PULSE_LATENCY_MSEC", raising=False)
     import os
 
+    from rtanon.live import PIPEWIRE_PULSE_FLOORS
+
+    floors = [f"PULSE_PROP_{key}" for key in PIPEWIRE_PULSE_FLOORS]
+    for var in ["PULSE_LATENCY_MSEC", *floors]:
+        monkeypatch.delenv(var, raising=False)
     with server_latency(15):
         assert os.environ["PULSE_LATENCY_MSEC"] == "15"
-    assert "PULSE_LATENCY_MSEC" not in os.environ
+        assert [os.environ[var] for var in floors] == list(PIPEWIRE_PULSE_FLOORS.values())
+    assert not {"PULSE_LATENCY_MSEC", *floors} & set(os.environ)
     with server_latency(0):
-        assert "PULSE_LATENCY_MSEC" not in os.environ
+        assert not {"PULSE_LATENCY_MSEC", *floors} & set(os.environ)
     monkeypatch.setenv("PULSE_LATENCY_MSEC", "60")
+    monkeypatch.setenv(floors[0], "1024/48000")
     with server_latency(15):
-        assert os.environ["PULSE_LATENCY_MSEC"] == "60"
-    assert os.environ["PULSE_LATENCY_MSEC"] == "60"
+        assert os.environ["PULSE_LATENCY_MSEC"] == "60" and os.environ[floors[0]] == "1024/48000"
+        assert os.environ[floors[1]] == PIPEWIRE_PULSE_FLOORS["pulse.min.frag"]
+    assert os.environ["PULSE_LATENCY_MSEC"] == "60" and os.environ[floors[0]] == "1024/48000"
+    assert floors[1] not in os.environ
 
 
 def test_live_config_rejects_a_margin_beyond_its_maximum():
@@ -159,6 +167,8 @@ def test_live_config_rejects_a_margin_beyond_its_maximum():
         LiveConfig(server_latency_ms=2).validate()
     with pytest.raises(ConfigError, match="out_block_ms"):
         LiveConfig(out_block_ms=1).validate()
+    with pytest.raises(ConfigError, match="out_latency_ms"):
+        LiveConfig(out_latency_ms=1).validate()
     LiveConfig().validate()
 
 

@@ -57,6 +57,15 @@ def _rtanon(env, *args, timeout=60):
                           timeout=timeout)
 
 
+def _granted(daemon, app: str, attr: str) -> int:
+    """The buffer attribute ``attr`` pipewire-pulse granted the playback stream of application ``app``."""
+    for block in daemon.pactl("list", "sink-inputs").split("Sink Input #")[1:]:
+        props = dict(line.strip().replace('"', "").split(" = ", 1) for line in block.splitlines() if " = " in line)
+        if props.get("application.name") == app:
+            return int(props[attr])
+    raise AssertionError(f"no playback stream of {app}")
+
+
 def _wait_running(live):
     """Blocks until `rtanon live` says its streams are open (start-up is slow on a busy machine)."""
     for line in live.stderr:
@@ -125,6 +134,10 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
             assert time.monotonic() < deadline, "parec did not start recording"
             time.sleep(0.05)
         time.sleep(0.3)
+        if attempt == 0 and "PipeWire" in daemon.pactl("info"):
+            # rtanon's output asks pipewire-pulse for a 5 ms buffer (float32 mono): its own floors would make
+            # it 16 ms (PulseAudio does not list the attributes it granted)
+            assert 0 < _granted(daemon, "rtanon", "pulse.attr.tlength") <= RATE * 4 * 5 // 1000
         subprocess.run(["paplay", "--device=fake_mic", str(wav)], env=env, check=True, timeout=30)
         time.sleep(1.0)
         # the output lags the microphone by the loop's latency, more on a busy machine: keep recording until the

@@ -2,6 +2,7 @@
 goes on playing after underruns (the ALSA plug-in's stream restarts, and can hang, there), says when its
 sink went away, and says why the server refused it."""
 
+import os
 import shutil
 import subprocess
 import threading
@@ -103,6 +104,25 @@ def test_a_server_that_goes_away_ends_the_stream_and_abort_returns_at_once(serve
         stream.abort()
         stream.close()
         assert time.monotonic() - t0 < 0.5
+
+
+def test_the_stream_asks_for_its_own_buffer_whatever_pulse_latency_msec_says(server, monkeypatch):
+    from rtanon.pulse_stream import PulseOutputStream
+
+    monkeypatch.setenv("PULSE_LATENCY_MSEC", "300")  # libpulse would put 300 ms in place of the 5 ms asked
+    times = []
+    stream = PulseOutputStream("out", RATE, BLOCK, _tone_callback(times), latency_ms=5)
+    stream.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while len(times) < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(times) >= 100, "the stream never flowed"
+        assert stream.latency < 0.1  # what the server reports it holds
+    finally:
+        stream.abort()
+        stream.close()
+    assert os.environ["PULSE_LATENCY_MSEC"] == "300"  # the other streams still read it
 
 
 def test_a_refused_stream_says_why(server):

@@ -290,6 +290,8 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
             "delay_parts_ms": parts, "delay_parts_sum_ms": round(sum(v or 0.0 for v in parts.values()), 1),
             "missed_deadlines": missed, "missed_pct": 100.0 * missed / blocks, "out_block_ms": out_block_ms,
             "xruns": int(last.get("input_overflows", 0)) + int(last.get("output_underflows", 0)),
+            "input_overflows": int(last.get("input_overflows", 0)),
+            "output_underflows": int(last.get("output_underflows", 0)),
             "stuck_reopens": int(last.get("output_stuck", 0)),
             "recorded_s": n / SAMPLE_RATE_HZ,
             "xcorr_mic_vs_played": max_xcorr(utterance[: 3 * SAMPLE_RATE_HZ], x_mic),

@@ -42,15 +42,18 @@ class LiveConfig:
     non-speech output (comfort noise: never a word cut), up to all of it. ``max_queue_ms``: beyond this
     the queue is trimmed at once (clock drift between devices); ``block_ms``: the input device's callback
     size; ``out_block_ms``: the output device's (a smaller block hands queued audio over sooner);
-    ``server_latency_ms``: the buffering rtanon asks the audio server for on its own streams
-    (``server_latency``; 0: the server's default); ``resampler_quality``: soxr quality for device rates
+    ``server_latency_ms``: the buffering rtanon asks the audio server for on its streams through
+    PortAudio, the input (``server_latency``; 0: the server's default); ``out_latency_ms``: the buffer
+    its output on libpulse asks for (``PulseOutputStream``; 0: the server's default); ``resampler_quality``: soxr quality for device rates
     other than 16 kHz (``"LQ"`` keeps its delay low).
 
     The defaults come from ``rtanon bench --e2e`` on a 2-core machine (docs/lab-notes/live-delay.md):
     a 20 ms margin and the server's default buffering cost 40-50 ms more than 5 and 15 ms with no
     more missed deadlines; 5 ms output blocks with a 2 ms margin took another 6 ms off the neural voice
     on PulseAudio; 10 ms asked of the server (one input block) took 10-14 ms off on PipeWire against 15
-    (5 and 7 ms: no gain there) and cost nothing on PulseAudio since the output runs on libpulse."""
+    (5 and 7 ms: no gain there) and cost nothing on PulseAudio since the output runs on libpulse; a 5 ms
+    output buffer, with pipewire-pulse's floors lowered for rtanon's streams, took 12-18 ms off on
+    PipeWire and 5-12 on PulseAudio."""
 
     jitter_ms: int = 2
     max_jitter_ms: int = 80
@@ -61,6 +64,7 @@ class LiveConfig:
     block_ms: int = 10
     out_block_ms: int = 5
     server_latency_ms: int = 10
+    out_latency_ms: int = 5
     resampler_quality: str = "LQ"
 
     def validate(self) -> None:
@@ -76,6 +80,8 @@ class LiveConfig:
             raise ConfigError(f"block_ms={self.block_ms}, out_block_ms={self.out_block_ms}; use 2 to 40 ms")
         if not (self.server_latency_ms == 0 or 5 <= self.server_latency_ms <= 500):
             raise ConfigError(f"server_latency_ms={self.server_latency_ms}; use 0 (the server's default) or 5 to 500")
+        if not (self.out_latency_ms == 0 or 2 <= self.out_latency_ms <= 500):
+            raise ConfigError(f"out_latency_ms={self.out_latency_ms}; use 0 (the server's default) or 2 to 500")
         if self.resampler_quality not in ("QQ", "LQ", "MQ", "HQ", "VHQ"):
             raise ConfigError(f"resampler_quality={self.resampler_quality!r}; use QQ, LQ, MQ, HQ or VHQ")
 
@@ -380,20 +386,31 @@ class LiveCore:
             monitor.push(y, speech)
 
 
+#: pipewire-pulse's floors under what a client's streams may ask (its defaults: 256/48000, 5.3 ms, which
+#: turn a 5 ms output buffer into 16 ms), lowered for rtanon's own streams as the client properties its
+#: ``pulse.rules`` set per application; PulseAudio ignores them
+PIPEWIRE_PULSE_FLOORS = {"pulse.min.req": "48/48000", "pulse.min.frag": "48/48000", "pulse.min.quantum": "48/48000"}
+
+
 @contextmanager
 def server_latency(ms: int) -> Iterator[None]:
-    """While open, the PulseAudio streams this process opens (PipeWire's too, through pipewire-pulse, which
-    turns it into the stream's ``node.latency``) ask the server for ``ms`` of buffering: libpulse reads
-    ``PULSE_LATENCY_MSEC`` when a stream connects. A value the user's environment sets is kept; 0 asks
-    for nothing."""
-    if not ms or "PULSE_LATENCY_MSEC" in os.environ:
+    """While open, the PulseAudio streams this process opens through PortAudio (PipeWire's too, through
+    pipewire-pulse, which turns it into the stream's ``node.latency``) ask the server for ``ms`` of
+    buffering: libpulse reads ``PULSE_LATENCY_MSEC`` when a stream connects; and every libpulse client
+    it opens carries ``PIPEWIRE_PULSE_FLOORS`` (``PULSE_PROP_<key>``). A value the user's environment
+    sets is kept; 0 asks for nothing."""
+    if not ms:
         yield
         return
-    os.environ["PULSE_LATENCY_MSEC"] = str(ms)
+    added = {var: value for var, value in [("PULSE_LATENCY_MSEC", str(ms))] +
+             [(f"PULSE_PROP_{key}", value) for key, value in PIPEWIRE_PULSE_FLOORS.items()]
+             if var not in os.environ}
+    os.environ.update(added)
     try:
         yield
     finally:
-        os.environ.pop("PULSE_LATENCY_MSEC", None)
+        for var in added:
+            os.environ.pop(var, None)
 
 
 def _resample_block(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
@@ -587,14 +604,16 @@ class DeviceStream:
     named source or sink disappears; while it is down the other stream goes
     on (the output plays comfort noise). ``reopens`` counts the reopenings.
     ``env``: the PulseAudio variable (``PULSE_SOURCE``/``PULSE_SINK``) the
-    stream sets as it opens, None to unset it."""
+    stream sets as it opens, None to unset it; ``out_latency_ms``: the buffer an output on libpulse asks
+    the server for (``PulseOutputStream``)."""
 
     RETRY_S = 0.2
     STUCK_S = 2.5  # PulseAudio can hold a fresh output stream for 1.5 s before it flows
     STALL_S = 0.5  # a stream that flowed and then waits this long for a callback has hung
 
-    def __init__(self, kind: str, device, env: dict[str, str | None], rate: int, blocksize: int, callback) -> None:
-        self.kind, self.device, self.env = kind, device, env
+    def __init__(self, kind: str, device, env: dict[str, str | None], rate: int, blocksize: int, callback,
+                 out_latency_ms: int = 0) -> None:
+        self.kind, self.device, self.env, self.out_latency_ms = kind, device, env, out_latency_ms
         self.rate, self.blocksize, self.callback = rate, blocksize, callback
         self.pulse_name = next(iter(env.values()), None)  # PULSE_SOURCE / PULSE_SINK
         self.stream = None
@@ -636,7 +655,7 @@ class DeviceStream:
                 os.environ[var] = value
         if self.native:
             stream = pulse_stream.PulseOutputStream(os.environ.get("PULSE_SINK"), self.rate, self.blocksize,
-                                                    self.callback, float(os.environ.get("PULSE_LATENCY_MSEC") or 0))
+                                                    self.callback, self.out_latency_ms)
         else:
             cls = sd.InputStream if self.kind == "input" else sd.OutputStream
             stream = cls(device=self.device, channels=1, samplerate=self.rate, dtype="float32",
@@ -812,7 +831,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         core.on_output(outdata[:, 0])
 
     inp = DeviceStream("input", in_dev, in_env, in_rate, in_rate * config.block_ms // 1000, in_cb)
-    out = DeviceStream("output", out_dev, out_env, out_rate, out_rate * config.out_block_ms // 1000, out_cb)
+    out = DeviceStream("output", out_dev, out_env, out_rate, out_rate * config.out_block_ms // 1000, out_cb,
+                       config.out_latency_ms)
     algo_ms = 1000.0 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ
     core.start()
     asked = ExitStack()

@@ -191,7 +191,7 @@ class LiveControl:
                 if status.output_underflow:
                     counters.output_underflows += 1
                 callback(outdata[:, 0])
-        return DeviceStream(kind, dev, {var: env.get(var, self._env0[var])}, rate, block, cb)
+        return DeviceStream(kind, dev, {var: env.get(var, self._env0[var])}, rate, block, cb, cfg.out_latency_ms)
 
     @property
     def running(self) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import itertools
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -91,15 +92,17 @@ def available() -> bool:
 class PulseOutputStream:
     """A mono float32 playback stream on ``sink`` (None: the server's default) at ``samplerate``, written
     ``blocksize`` frames at a time by a thread that calls ``callback`` for each block; ``latency_ms``: the
-    server's target buffer (``tlength``; it starts playing after one block)."""
+    server's target buffer (``tlength``, 0: the server's default; the request size and the start threshold
+    are the server's choice, a quarter of it and what it allows). ``PULSE_LATENCY_MSEC`` would replace
+    it: the stream opens without it."""
 
     def __init__(self, sink: str | None, samplerate: int, blocksize: int, callback, latency_ms: float) -> None:
         self.sink, self.samplerate, self.blocksize = sink, int(samplerate), int(blocksize)
         self.callback = callback
         frame = 4  # float32 mono
-        tlength = max(2 * self.blocksize, int(self.samplerate * latency_ms / 1000)) * frame
-        self._attr = _BufferAttr(_DEFAULT, tlength, self.blocksize * frame, self.blocksize * frame, _DEFAULT)
-        self._latency_s = tlength / frame / self.samplerate
+        tlength = int(self.samplerate * latency_ms / 1000) * frame
+        self._attr = _BufferAttr(_DEFAULT, tlength or _DEFAULT, _DEFAULT, _DEFAULT, _DEFAULT)
+        self._latency_s = (tlength or 2 * self.blocksize * frame) / frame / self.samplerate
         self._stop = threading.Event()
         self._opened = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,8 +122,14 @@ class PulseOutputStream:
         """Connects to the server and starts the writer; raises PulseStreamError when it cannot."""
         lib = _lib()
         self._thread = threading.Thread(target=self._run, args=(lib,), name="rtanon-pulse-out", daemon=True)
-        self._thread.start()
-        if not self._opened.wait(_OPEN_TIMEOUT_S):
+        asked = os.environ.pop("PULSE_LATENCY_MSEC", None)  # libpulse would put it in place of the attributes
+        try:
+            self._thread.start()
+            opened = self._opened.wait(_OPEN_TIMEOUT_S)
+        finally:
+            if asked is not None:
+                os.environ["PULSE_LATENCY_MSEC"] = asked
+        if not opened:
             self._stop.set()
             raise PulseStreamError(f"the PulseAudio server did not open a stream in {_OPEN_TIMEOUT_S:.0f} s")
         if self._handle is None:
