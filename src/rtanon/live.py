@@ -52,8 +52,8 @@ class LiveConfig:
     more missed deadlines; 5 ms output blocks with a 2 ms margin took another 6 ms off the neural voice
     on PulseAudio; 10 ms asked of the server (one input block) took 10-14 ms off on PipeWire against 15
     (5 and 7 ms: no gain there) and cost nothing on PulseAudio since the output runs on libpulse; a 5 ms
-    output buffer, with pipewire-pulse's floors lowered for rtanon's streams, took 12-18 ms off on
-    PipeWire and 5-12 on PulseAudio."""
+    output buffer, with pipewire-pulse's floors lowered for rtanon's streams, took 17-18 ms off on
+    PipeWire and 5-6 on PulseAudio."""
 
     jitter_ms: int = 2
     max_jitter_ms: int = 80
