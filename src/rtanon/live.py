@@ -44,8 +44,8 @@ class LiveConfig:
     size; ``out_block_ms``: the output device's (a smaller block hands queued audio over sooner);
     ``server_latency_ms``: the buffering rtanon asks the audio server for on its streams through
     PortAudio, the input (``server_latency``; 0: the server's default); ``out_latency_ms``: the buffer
-    its output on libpulse asks for (``PulseOutputStream``; 0: the server's default); ``resampler_quality``: soxr quality for device rates
-    other than 16 kHz (``"LQ"`` keeps its delay low).
+    its output on libpulse asks for (``PulseOutputStream``; 0: the server's default);
+    ``resampler_quality``: soxr quality for device rates other than 16 kHz (``"LQ"`` keeps its delay low).
 
     The defaults come from ``rtanon bench --e2e`` on a 2-core machine (docs/lab-notes/live-delay.md):
     a 20 ms margin and the server's default buffering cost 40-50 ms more than 5 and 15 ms with no
