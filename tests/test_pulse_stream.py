@@ -45,6 +45,15 @@ def _tone_callback(times, slow_every=0):
     return callback
 
 
+def _wait_blocks(times, n, timeout_s=5.0) -> int:
+    """Waits until the callback has run ``n`` times or ``timeout_s`` passed (a fresh stream on a sleeping
+    null sink may wait 2 s to flow); how many times it ran."""
+    deadline = time.monotonic() + timeout_s
+    while len(times) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(times)
+
+
 def test_plays_the_callbacks_audio_and_goes_on_after_underruns(server):
     from rtanon.pulse_stream import PulseOutputStream
 
@@ -57,10 +66,7 @@ def test_plays_the_callbacks_audio_and_goes_on_after_underruns(server):
     stream = PulseOutputStream("out", RATE, BLOCK, _tone_callback(times, slow_every=40), latency_ms=15)
     stream.start()
     try:
-        deadline = time.monotonic() + 5.0  # a fresh stream on a sleeping null sink may wait 2 s to flow
-        while len(times) < 50 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(times) >= 50, "the stream never flowed"
+        assert _wait_blocks(times, 50) >= 50, "the stream never flowed"
         t_flow = times[-1][0]
         time.sleep(4.0)
         assert stream.active and not stream.error
@@ -91,9 +97,7 @@ def test_a_server_that_goes_away_ends_the_stream_and_abort_returns_at_once(serve
     stream = PulseOutputStream("out", RATE, BLOCK, _tone_callback(times), latency_ms=15)
     stream.start()
     try:
-        deadline = time.monotonic() + 5.0
-        while len(times) < 20 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_blocks(times, 20)
         server._proc.terminate()  # the sound server restarts, or dies
         deadline = time.monotonic() + 5.0
         while stream.active and time.monotonic() < deadline:
@@ -114,10 +118,7 @@ def test_the_stream_asks_for_its_own_buffer_whatever_pulse_latency_msec_says(ser
     stream = PulseOutputStream("out", RATE, BLOCK, _tone_callback(times), latency_ms=5)
     stream.start()
     try:
-        deadline = time.monotonic() + 5.0
-        while len(times) < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(times) >= 100, "the stream never flowed"
+        assert _wait_blocks(times, 100) >= 100, "the stream never flowed"
         assert stream.latency < 0.1  # what the server reports it holds
     finally:
         stream.abort()
