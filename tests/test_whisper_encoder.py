@@ -99,3 +99,22 @@ def test_the_state_is_bounded_past_whisper_positions(encoder):
             assert np.isfinite(z.numpy()).all()
     assert [s.shape for s in state] == shapes
     assert float(state[4]) == 1600
+
+
+def test_the_exported_graph_streams_what_torch_computes(encoder, speech9s, tmp_path):
+    pytest.importorskip("onnx")
+    from rtanon.content.stream import ContentEncoderModel
+
+    kmeans = {"mean": np.zeros(384, np.float32), "std": np.ones(384, np.float32),
+              "centers": np.random.default_rng(2).standard_normal((16, 384)).astype(np.float32)}
+    stream = W.StreamingWhisperEncoder(encoder, window_frames=20)
+    path = W.export_onnx(stream, kmeans, tmp_path / "whisper.onnx", {"whisper": "tiny.en"})
+    model = ContentEncoderModel(path)
+    assert (model.lookahead_frames, model.n_units, model.unit_dim) == (1, 16, 384)
+    x = speech9s[:2 * 16000]
+    want = stream.encode(x)
+    live = model.open_stream(320)
+    got = np.concatenate([live.process(x[i:i + 320]) for i in range(0, len(x), 320)])
+    assert got.shape == (len(want) - 1, 384)  # the last frame waits for 20 ms that never came
+    assert np.abs(got - want[:-1]).max() < 1e-3
+    assert np.abs(model.encode(x) - want).max() < 1e-3

@@ -43,6 +43,7 @@ N_FFT = 400  # Whisper's 25 ms window
 N_MELS = 80
 POSITIONS = 1500  # Whisper's positions: 30 s at 50 Hz
 LOG_FLOOR_DECADES = 8.0
+_LOG_MIN = -10.0  # log10 of the power floor
 _CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 
 
@@ -157,7 +158,10 @@ class _Layer(nn.Module):
     def finish(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
         """The residual attention over (k, v) (``mask``: True where a query may look) and the feed-forward."""
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if mask is not None:  # written out: the ONNX export of scaled_dot_product_attention drops a bool mask
+            scores = scores.masked_fill(~mask, float("-inf"))
+        attn = torch.softmax(scores, dim=-1) @ v
         x = x + self.out(attn.transpose(1, 2).reshape(x.shape))
         return x + self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x))))
 
@@ -218,9 +222,11 @@ _AUDIO_TAIL = N_FFT // 2 + HOP_SAMPLES
 
 class StreamingWhisperEncoder(nn.Module):
     """The encoder run causally (module docstring): ``forward(audio (B, 320 n), *state)`` -> z (B, n, D)
-    float32 and the new state; output ``i + 1`` is frame ``i``'s (``lookahead_frames``). State, all float32:
-    the last 360 samples, the last two log-mel frames, the last first-convolution frame, the running log-mel
-    maximum, the frames seen, and keys and values of the last ``window_frames`` frames of every layer."""
+    float32 and the new state; output ``i + 1`` is frame ``i``'s (``lookahead_frames``). State, all float32
+    and all zeros at the start (as :class:`rtanon.content.stream.ContentEncoderModel` begins a stream): the
+    last 360 samples, the last two log-mel frames, the last first-convolution frame, the running log-mel
+    maximum above the log floor, the frames seen, and keys and values of the last ``window_frames`` frames
+    of every layer."""
 
     lookahead_frames = 1
 
@@ -231,31 +237,37 @@ class StreamingWhisperEncoder(nn.Module):
         self.encoder = encoder
         self.window_frames = window_frames
         self.register_buffer("filters", torch.from_numpy(mel_filters()), persistent=False)
-        self.register_buffer("window", torch.hann_window(N_FFT), persistent=False)
-        # the rFFT as one matrix (201 bins x 400 taps, cos and sin): exports to ONNX as a MatMul
+        # the windowed rFFT as one strided convolution (cos and sin rows of 201 bins over 400 taps): ONNX
+        # exports it as a Conv, where torch.stft has no export
         n = torch.arange(N_FFT, dtype=torch.float64)
         k = torch.arange(N_FFT // 2 + 1, dtype=torch.float64)[:, None]
         angle = 2 * math.pi * k * n / N_FFT
-        self.register_buffer("dft", torch.cat([torch.cos(angle), -torch.sin(angle)]).float(), persistent=False)
+        window = torch.hann_window(N_FFT, dtype=torch.float64)
+        dft = torch.cat([torch.cos(angle), -torch.sin(angle)]) * window
+        self.register_buffer("dft", dft.float()[:, None, :], persistent=False)
 
     def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
         enc = self.encoder
         heads = enc.layers[0].heads
         kv = torch.zeros(len(enc.layers), 2, batch, heads, self.window_frames, enc.dim // heads)
         return (torch.zeros(batch, _AUDIO_TAIL), torch.zeros(batch, N_MELS, 2), torch.zeros(batch, enc.dim, 1),
-                torch.full((batch, 1), -10.0), torch.zeros(batch, 1), kv)
+                torch.zeros(batch, 1), torch.zeros(batch, 1), kv)
 
     def forward(self, audio: torch.Tensor, audio_tail: torch.Tensor, mel_tail: torch.Tensor,
                 conv_tail: torch.Tensor, peak: torch.Tensor, seen: torch.Tensor, kv: torch.Tensor):
         enc, w = self.encoder, self.window_frames
         b, n = audio.shape[0], audio.shape[1] // FRAME_SAMPLES
         x = torch.cat([audio_tail, audio], dim=1)
-        frames = x.unfold(1, N_FFT, HOP_SAMPLES)[:, :2 * n] * self.window  # (B, 2n, 400)
-        spec = frames @ self.dft.T
+        spec = F.conv1d(x[:, None], self.dft, stride=HOP_SAMPLES)  # (B, 402, 2n)
         half = N_FFT // 2 + 1
-        power = spec[..., :half] ** 2 + spec[..., half:] ** 2
-        mel = torch.clamp(power @ self.filters.T, min=1e-10).log10().transpose(1, 2)  # (B, 80, 2n)
-        running = torch.maximum(torch.cummax(mel.amax(dim=1), dim=1).values, peak)  # (B, 2n)
+        power = spec[:, :half] ** 2 + spec[:, half:] ** 2
+        mel = torch.clamp(self.filters @ power, min=1e-10).log10()  # (B, 80, 2n)
+        # the loudest frame so far, frame by frame (a masked maximum: cummax has no ONNX export)
+        loud = mel.amax(dim=1)  # (B, 2n)
+        steps = torch.arange(2 * n, device=audio.device)
+        earlier = steps[None, :] <= steps[:, None]  # (2n, 2n): frame j is not after frame i
+        running = torch.where(earlier[None], loud[:, None, :], torch.full_like(loud[:, None, :], -1e4)).amax(2)
+        running = torch.maximum(running, peak + _LOG_MIN)
         mel = (torch.maximum(mel, running[:, None, :] - LOG_FLOOR_DECADES) + 4.0) / 4.0
         m = torch.cat([mel_tail, mel], dim=2)
         c1 = F.gelu(F.conv1d(m, enc.conv1.weight, enc.conv1.bias))  # (B, D, 2n)
@@ -278,7 +290,7 @@ class StreamingWhisperEncoder(nn.Module):
             h = layer.finish(h, q, k, v, mask[:, None])
             new_kv.append(torch.stack([k[:, :, -w:], v[:, :, -w:]]))
         z = enc.norm(h)
-        return (z, x[:, -_AUDIO_TAIL:], m[:, :, -2:], c[:, :, -1:], running[:, -1:], seen + n,
+        return (z, x[:, -_AUDIO_TAIL:], m[:, :, -2:], c[:, :, -1:], running[:, -1:] - _LOG_MIN, seen + n,
                 torch.stack(new_kv))
 
     def encode(self, audio: np.ndarray, chunk_frames: int | None = None) -> np.ndarray:
@@ -299,8 +311,9 @@ class StreamingWhisperEncoder(nn.Module):
 
 class ZeroShotContent:
     """The streaming form as loaded, no training, read as a content encoder for ``rtanon lab content-eval``:
-    ``analyze(audio)`` -> unit probabilities (n, K) (a softmax over minus the squared distances of the
-    standardised frame to the teacher's k-means centers ``kmeans``: the teacher's own unit space) and z (n, D)."""
+    ``analyze(audio)`` -> unit probabilities (n, K) (a softmax over minus the mean squared distance per
+    dimension of the standardised frame to the teacher's k-means centers ``kmeans``: the teacher's own unit
+    space) and z (n, D)."""
 
     def __init__(self, model: str, window_frames: int, kmeans: dict) -> None:
         torch.set_num_threads(1)
@@ -314,6 +327,72 @@ class ZeroShotContent:
         x = (z - self.kmeans["mean"]) / self.kmeans["std"]
         c = self.kmeans["centers"]
         d = (x * x).sum(1, keepdims=True) - 2.0 * x @ c.T + (c * c).sum(1)[None]
-        logits = -(d - d.min(1, keepdims=True))
+        logits = -(d - d.min(1, keepdims=True)) / x.shape[1]
         p = np.exp(logits)
         return (p / p.sum(1, keepdims=True)).astype(np.float32), z
+
+
+class _ContentGraph(nn.Module):
+    """The stream in the content encoder's graph contract (:mod:`rtanon.content.stream`): ``(audio,
+    *state) -> (probs, z, *state)``, ``probs`` as :class:`ZeroShotContent` computes them."""
+
+    def __init__(self, stream: StreamingWhisperEncoder, kmeans: dict) -> None:
+        super().__init__()
+        self.stream = stream
+        for name in ("mean", "std", "centers"):
+            self.register_buffer(name, torch.from_numpy(np.asarray(kmeans[name], np.float32)), persistent=False)
+
+    def forward(self, audio, *state):
+        z, *new = self.stream(audio, *state)
+        x = (z - self.mean) / self.std
+        d = (x * x).sum(-1, keepdim=True) - 2.0 * x @ self.centers.T + (self.centers ** 2).sum(-1)
+        return (torch.softmax(-d / x.shape[-1], dim=-1), z, *new)
+
+
+STATE_NAMES = ("audio_tail", "mel_tail", "conv_tail", "peak", "seen", "kv")
+
+
+def export_onnx(stream: StreamingWhisperEncoder, kmeans: dict, path: str | Path, meta: dict) -> Path:
+    """Writes the stream as a content-encoder graph (inputs ``audio`` (1, N) and :data:`STATE_NAMES`,
+    outputs ``probs``, ``z``, ``new_<state>``; the frame count dynamic), with ``lookahead_frames`` and
+    ``meta`` in its config metadata, so :class:`rtanon.content.stream.ContentEncoderModel` runs it."""
+    import json
+
+    from rtanon.atomic import atomic_path
+    from rtanon.content.stream import CONFIG_METADATA_KEY
+    from rtanon.train.export import _set_metadata
+
+    graph = _ContentGraph(stream.eval(), kmeans).eval()
+    state = stream.init_state(1)
+    audio = torch.zeros(1, FRAME_SAMPLES * 2)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), atomic_path(path) as tmp:
+        torch.onnx.export(graph, (audio, *state), str(tmp), input_names=["audio", *STATE_NAMES],
+                          output_names=["probs", "z", *[f"new_{n}" for n in STATE_NAMES]],
+                          dynamic_axes={"audio": {1: "n_samples"}, "probs": {1: "n_frames"}, "z": {1: "n_frames"}},
+                          opset_version=17, dynamo=False)
+    _set_metadata(path, {CONFIG_METADATA_KEY: json.dumps({"lookahead_frames": stream.lookahead_frames,
+                                                          "window_frames": stream.window_frames, **meta})})
+    return path
+
+
+def main_export(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``rtanon lab export-whisper OUT.onnx [--model tiny.en] [--window-frames W] --kmeans K.npz``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=prog, description="Whisper's encoder in its streaming form, as loaded (no "
+                                 "training: the zero-shot form), to the ONNX graph the run time loads as a content "
+                                 "encoder (`--content OUT.onnx`).")
+    ap.add_argument("output", type=Path, help="ONNX file to write")
+    ap.add_argument("--model", choices=("tiny.en", "base"), default="tiny.en", help="Whisper model (default tiny.en)")
+    ap.add_argument("--window-frames", type=int, default=100,
+                    help="frames of 20 ms each frame attends to, itself included (default 100: 2 s)")
+    ap.add_argument("--kmeans", type=Path, default=Path("models/content/kmeans_K128.npz"),
+                    help="the teacher's k-means units, read as the graph's probs (default: the shipped encoder's)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    stream = StreamingWhisperEncoder(WhisperEncoder.from_ct2(encoder_weights(args.model)), args.window_frames)
+    export_onnx(stream, dict(np.load(args.kmeans)), args.output, {"whisper": args.model, "zero_shot": True})
+    print(f"wrote {args.output}")
+    return 0

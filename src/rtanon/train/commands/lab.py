@@ -14,6 +14,8 @@ import importlib
 #: ``rtanon lab --help`` lists them.
 TOOLS = {
     "export-content": ("export", "a content encoder checkpoint to the ONNX graph the run time loads"),
+    "export-whisper": ("whisper:main_export", "Whisper's encoder in its streaming form, as loaded, to a content "
+                                              "encoder graph"),
     "package-vocoder": ("export:main_package_vocoder", "a trained vocoder as the package ships it (float16 "
                                                       "generator.pt and its ONNX graph)"),
     "shards": ("travel", "vocoder shards packed to travel to a GPU machine (Opus audio, F0, speakers) and "
