@@ -118,3 +118,45 @@ def test_the_exported_graph_streams_what_torch_computes(encoder, speech9s, tmp_p
     assert got.shape == (len(want) - 1, 384)  # the last frame waits for 20 ms that never came
     assert np.abs(got - want[:-1]).max() < 1e-3
     assert np.abs(model.encode(x) - want).max() < 1e-3
+
+
+@pytest.mark.slow
+def test_the_fine_tune_runs_resumes_and_exports(tmp_path, shared_data):
+    """Two steps of ``train content --whisper`` on three training utterances move the pretrained weights;
+    a rerun resumes; the checkpoint exports to a graph the run time streams."""
+    pytest.importorskip("faster_whisper")
+    pytest.importorskip("sklearn")
+    pytest.importorskip("onnx")
+    from rtanon.cli import main
+    from rtanon.content.stream import ContentEncoderModel
+    from rtanon.kaldi import KaldiDir
+
+    src = KaldiDir.load(shared_data / "so762_train")
+    utts = sorted(src.wav)[:3]
+    data = tmp_path / "mini_train"
+    data.mkdir()
+    (data / "wav.scp").write_text("".join(f"{u} {src.wav[u]}\n" for u in utts))
+    (data / "utt2spk").write_text("".join(f"{u} {src.utt2spk[u]}\n" for u in utts))
+    (data / "spk2gender").write_text("".join(f"{s} {src.spk2gender[s]}\n" for s in {src.utt2spk[u] for u in utts}))
+    out = tmp_path / "out"
+    args = ["train", "content", "--whisper", "tiny.en", "--window-frames", "8", "--data", str(data), "--out",
+            str(out), "--teacher-weight", "1", "--learning-rate", "1e-4", "--max-steps", "2"]
+    assert main(args) == 0
+    ck = torch.load(out / "ckpt.pt", weights_only=False)
+    assert ck["step"] == 2 and ck["window_frames"] == 8
+    pretrained = W.WhisperEncoder.from_ct2(W.encoder_weights("tiny.en")).state_dict()
+    moved = ck["model"]["encoder.layers.0.qkv.weight"] - pretrained["layers.0.qkv.weight"]
+    assert float(moved.abs().max()) > 0
+    assert main(args[:-1] + ["3"]) == 0
+    assert torch.load(out / "ckpt.pt", weights_only=False)["step"] == 3
+    assert "resumed from" in (out / "train.log").read_text()
+    assert main(["train", "content", "--whisper", "tiny.en", "--data", str(shared_data / "so762_dev"),
+                 "--out", str(tmp_path / "no")]) == 2
+    from rtanon.train.whisper import main_export
+
+    assert main_export([str(tmp_path / "ft.onnx"), "--checkpoint", str(out / "ckpt.pt"), "--weights",
+                        str(tmp_path / "ft.pt")]) == 0
+    model = ContentEncoderModel(tmp_path / "ft.onnx")
+    assert model.encode(np.zeros(3200, np.float32)).shape == (10, 384)
+    half = torch.load(tmp_path / "ft.pt", weights_only=False)["model"]
+    assert half["encoder.layers.0.qkv.weight"].dtype == torch.float16

@@ -83,6 +83,10 @@ class TrainConfig:
     time_mask_max: int = 10
     init: Path | None = None  # warm start: network weights from this checkpoint (not its optimiser)
     speaker_adversary: float = 0.0  # weight of the frame-level speaker classifier on z behind gradient reversal
+    # fine-tune Whisper's own encoder in its streaming form instead (``rtanon.train.whisper_tune``): the
+    # model's name, and the frames each frame attends to
+    whisper: str | None = None
+    window_frames: int = 100
 
     def validate(self) -> None:
         if not self.data_dirs:
@@ -107,6 +111,9 @@ class TrainConfig:
             raise ValueError("teacher_weight, phone_weight and speaker_adversary must be >= 0 (0 = off)")
         if not 0.0 <= self.lr <= 1.0:
             raise ValueError("the learning rate must be in [0, 1] (default 2e-3)")
+        if self.whisper not in (None, "tiny.en", "base") or not 1 <= self.window_frames <= 1500:
+            raise ValueError(f"whisper={self.whisper!r}, window_frames={self.window_frames}: use --whisper tiny.en "
+                             "or base and a window of 1..1500 frames of 20 ms")
         if self.init is not None and not Path(self.init).exists():
             raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()
@@ -270,6 +277,10 @@ def train_content(cfg: TrainConfig) -> Path:
     torch = need_module("torch")
     from rtanon.content.model import ContentEncoder
 
+    if cfg.whisper:
+        from rtanon.train.whisper_tune import train_whisper_content
+
+        return train_whisper_content(cfg)
     cfg.validate()
     out = Path(cfg.out_dir)
     _setup_logging(out)

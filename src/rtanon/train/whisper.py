@@ -236,6 +236,8 @@ class StreamingWhisperEncoder(nn.Module):
             raise ValueError(f"window_frames={window_frames}: use >= 1 (frames of 20 ms)")
         self.encoder = encoder
         self.window_frames = window_frames
+        #: added to every frame's position (training starts crops anywhere in the 30 s; 0 in a stream)
+        self.position_offset = 0
         self.register_buffer("filters", torch.from_numpy(mel_filters()), persistent=False)
         # the windowed rFFT as one strided convolution (cos and sin rows of 201 bins over 400 taps): ONNX
         # exports it as a Conv, where torch.stft has no export
@@ -274,7 +276,7 @@ class StreamingWhisperEncoder(nn.Module):
         c = torch.cat([conv_tail, c1], dim=2)
         h = F.gelu(F.conv1d(c, enc.conv2.weight, enc.conv2.bias, stride=2)).transpose(1, 2)  # (B, n, D)
         t = seen + torch.arange(n, device=audio.device)  # (B, n) each frame's index in the stream
-        h = h + enc.positions[(t.long() % POSITIONS)]
+        h = h + enc.positions[(t.long() + self.position_offset) % POSITIONS]
         # key j of [cache (w), new (n)] is frame seen - w + j; query i (frame seen + i) sees j with
         # i < j + w - i ... precisely: 0 <= (seen + i) - (seen - w + j) < w, and frames >= 0
         i = torch.arange(n, device=audio.device)[:, None]
@@ -390,9 +392,29 @@ def main_export(argv: list[str] | None = None, prog: str | None = None) -> int:
                     help="frames of 20 ms each frame attends to, itself included (default 100: 2 s)")
     ap.add_argument("--kmeans", type=Path, default=Path("models/content/kmeans_K128.npz"),
                     help="the teacher's k-means units, read as the graph's probs (default: the shipped encoder's)")
+    ap.add_argument("--checkpoint", type=Path, default=None, metavar="CKPT",
+                    help="a fine-tune's weights (`rtanon train content --whisper` writes OUT/ckpt.pt; its model, "
+                         "window and k-means replace --model, --window-frames and --kmeans)")
+    ap.add_argument("--weights", type=Path, default=None, metavar="OUT.pt",
+                    help="also write the network's weights in float16 (what --checkpoint and `train content "
+                         "--init` read back)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    meta = {"whisper": args.model, "zero_shot": True}
+    ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False) if args.checkpoint else None
+    if ck is not None:
+        args.model, args.window_frames, args.kmeans = ck["whisper"], ck["window_frames"], Path(ck["kmeans"])
+        meta = {"whisper": args.model, "zero_shot": False, "step": ck.get("step")}
     stream = StreamingWhisperEncoder(WhisperEncoder.from_ct2(encoder_weights(args.model)), args.window_frames)
-    export_onnx(stream, dict(np.load(args.kmeans)), args.output, {"whisper": args.model, "zero_shot": True})
+    if ck is not None:
+        stream.load_state_dict({name: t.float() for name, t in ck["model"].items()})
+    export_onnx(stream, dict(np.load(args.kmeans)), args.output, meta)
     print(f"wrote {args.output}")
+    if args.weights:
+        from rtanon.atomic import atomic_open
+
+        with atomic_open(args.weights) as f:
+            torch.save({"model": {n: t.half() for n, t in stream.state_dict().items()}, "whisper": args.model,
+                        "window_frames": args.window_frames, "kmeans": str(args.kmeans), **meta}, f)
+        print(f"wrote {args.weights}")
     return 0

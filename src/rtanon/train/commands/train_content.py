@@ -62,6 +62,14 @@ def register(sub) -> None:
     p.add_argument("--learning-rate", type=float, default=d.lr, metavar="LR",
                    help=f"peak learning rate of the warm-up and cosine schedule (default {d.lr}; lower for a "
                         "warm start)")
+    p.add_argument("--whisper", choices=("tiny.en", "base"), default=None,
+                   help="fine-tune Whisper's own encoder (pretrained on 680 k hours) in its streaming form instead "
+                        "of training the student from random weights: causal, one frame of lookahead, attention "
+                        "over --window-frames; --teacher-weight, --learning-rate, --speed-prob and --init apply, "
+                        "the student's network options do not (rtanon.train.whisper_tune)")
+    p.add_argument("--window-frames", type=int, default=d.window_frames, metavar="W",
+                   help=f"with --whisper: frames of 20 ms each frame attends to, itself included (default "
+                        f"{d.window_frames}: 2 s)")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"total steps (default {d.max_steps})")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
                    help=f"stop this run (with a checkpoint) after this many minutes (default {d.max_minutes})")
@@ -84,7 +92,7 @@ def run(args) -> int:
                       teacher_weight=args.teacher_weight, phone_weight=args.phone_weight,
                       speaker_adversary=args.speaker_adversary, speed_prob=args.speed_prob,
                       freq_masks=args.freq_masks, time_masks=args.time_masks, init=args.init,
-                      lr=args.learning_rate)
+                      lr=args.learning_rate, whisper=args.whisper, window_frames=args.window_frames)
     try:
         cfg.validate()
     except ValueError as exc:
