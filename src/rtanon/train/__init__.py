@@ -13,7 +13,9 @@ Vocoder (``rtanon train vocoder``):
 Content encoder (``rtanon train content``):
 
 - ``teacher``: the Whisper tiny.en teacher's features and k-means units, cached per corpus;
-- ``content``: the distillation recipe.
+- ``content``: the distillation recipe;
+- ``whisper``: Whisper's encoder in torch from the shipped CTranslate2 weights and its streaming form
+  (``lab export-whisper``); ``whisper_tune``: the recipe that fine-tunes it (``train content --whisper``).
 
 Both, and research tools (``rtanon lab TOOL``):
 
