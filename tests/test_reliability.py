@@ -311,7 +311,7 @@ def test_bench_prints_the_guard_cost_and_the_live_loop():
     proc = _rtanon("bench", "--method", "mcadams", "--seconds", "3", "--live-seconds", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "fail-closed guard" in proc.stdout and "simulated live loop" in proc.stdout
+    assert "fail-closed guard" in proc.stderr and "simulated live loop" in proc.stderr
     assert result["guard"]["compute_p50_ms"] > 0 and result["live_loop"]["callbacks"] == 100
 
 

@@ -446,7 +446,7 @@ def test_bench_serve_prints_a_trial_and_a_churn_run(tmp_path):
     trial = result["trials"][0]
     assert trial["sessions"] == 3 and trial["frames_lost"] == 0 and trial["tick_compute_p50_ms"] > 0
     assert result["alone"]["sessions"] == 1 and "cost_ratio" in result and result["workers"] == 2
-    assert "tick p50 ms" in r.stdout
+    assert "tick p50 ms" in r.stderr
     r = rtanon("bench", "--serve", "--churn", "--method", "mcadams", "--sessions", "3", "--serve-seconds", "15",
                "--json", timeout=240)
     churn = json.loads(r.stdout.strip().splitlines()[-1])
@@ -483,4 +483,4 @@ def test_bench_serve_no_network_prints_the_tick_ramp():
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["max_sessions_held"] == 4 and [t["sessions"] for t in result["trials"]] == [1, 2, 4]
-    assert "largest N whose tick p99" in r.stdout
+    assert "largest N whose tick p99" in r.stderr

@@ -12,8 +12,8 @@ def register(sub) -> None:
                     "stage and in total: latency, compute per chunk (p50, p99) and real-time factor "
                     "(compute time / audio time; < 1 is faster than real time). --stage times one stage "
                     "alone; --e2e measures microphone-to-virtual-microphone latency through a private "
-                    "PulseAudio daemon (or PipeWire: --server pipewire). With --json the last line is one JSON "
-                    "object.")
+                    "PulseAudio daemon (or PipeWire: --server pipewire). With --json stdout is one line of JSON "
+                    "(the table goes to stderr): rtanon bench --json > figures.json")
     add_engine_args(p)
     from rtanon.bench import BENCH_STAGES, E2E_WINDOW_S
 
@@ -63,13 +63,12 @@ def register(sub) -> None:
                         "serve's, the cores this process may use, at most 8)")
     p.add_argument("--serve-seconds", type=float, default=60.0, metavar="S",
                    help="with --serve: length of each trial (default: 60)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
+    p.add_argument("--json", action="store_true",
+                   help="print the figures as one line of JSON on stdout (the table goes to stderr)")
     p.set_defaults(func=run)
 
 
 def run_serve(args) -> int:
-    import json
-
     from rtanon import bench
     from rtanon.errors import CliError
 
@@ -106,7 +105,7 @@ def run_serve(args) -> int:
               f"{r['max_own_xcorr']:.3f}, vs another session's input {r['max_cross_xcorr']:.3f} (a copy: 1); "
               f"{r['server_tracebacks']} tracebacks: {'PASS' if r['held'] else 'FAIL'}")
         if args.json:
-            print(json.dumps(r))
+            _print_json(args, r)
         return 0 if r["held"] else 1
     print(f"rtanon serve, method {args.method}" + (f" ({args.privacy})" if args.method == "neural" else "")
           + f", {args.serve_seconds:.0f} s per trial; the load generator shares this machine")
@@ -132,7 +131,7 @@ def run_serve(args) -> int:
     _trials(args, trial, say, result, f"held for {args.serve_seconds:.0f} s with no missed deadline")
     _cost_ratio(result, [t for t in result["trials"] if t["held"]] or result["trials"])
     if args.json:
-        print(json.dumps(result))
+        _print_json(args, result)
     return 0
 
 
@@ -160,8 +159,6 @@ def _trials(args, trial, say, result: dict, held: str) -> None:
 
 def run_ticks(args, speech) -> int:
     """``rtanon bench --serve --no-network``: the server's tick alone (:func:`rtanon.serve.bench.run_tick_trial`)."""
-    import json
-
     from rtanon.commands._common import config_from_args
     from rtanon.engine import Anonymizer
     from rtanon.batch import Workers
@@ -194,13 +191,29 @@ def run_ticks(args, speech) -> int:
     _trials(args, trial, say, result, f"whose tick p99 stayed within {args.tick_budget_ms:g} ms")
     _cost_ratio(result, result["trials"])
     if args.json:
-        print(json.dumps(result))
+        _print_json(args, result)
     return 0
 
 
 def run(args) -> int:
+    """With ``--json`` stdout carries the JSON alone (for ``> figures.json``); the table goes to stderr."""
+    import contextlib
+    import sys
+
+    if not args.json:
+        return _run(args)
+    args.json_stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return _run(args)
+
+
+def _print_json(args, result: dict) -> None:
     import json
 
+    print(json.dumps(result), file=getattr(args, "json_stdout", None), flush=True)
+
+
+def _run(args) -> int:
     from rtanon import bench
     from rtanon.commands._common import config_from_args
     from rtanon.engine import Anonymizer
@@ -280,7 +293,7 @@ def run(args) -> int:
     if args.e2e:
         print_delay_budget(result)
     if args.json:
-        print(json.dumps(result))
+        _print_json(args, result)
     return 0
 
 
