@@ -93,6 +93,7 @@ def test_eval_end_to_end_on_real_speech(shared_data, tmp_path, capsys):
     assert mc["deid"] > 0.0
     assert 0.5 < mc["rho_f0"] < 1.0
     md = (out / "report.md").read_text()
+    assert_tables_are_markdown(md)
     assert "| mcadams | Semi-informed (LDA+PLDA) |" in md and "| original |" in md
     assert "| WER (tiny.en) | WER (base) |" in md and "PER (phone error rate)" in md
     assert "| mcadams | Slicing (LDA+PLDA) |" in md and "Slicing (paper 004)" in md
@@ -214,3 +215,28 @@ def test_cli_registers_eval():
 
     args = build_parser().parse_args(["eval", "--data", "d", "--out", "o"])
     assert args.command == "eval" and args.method == "neural" and args.privacy == "balanced" and args.jobs >= 1
+
+
+def assert_tables_are_markdown(md: str) -> None:
+    """Every table of ``md`` renders: a header, a delimiter row of as many cells, rows of as many."""
+    tables, current = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    assert tables
+    for table in tables:
+        cells = [len(row.strip().strip("|").split("|")) for row in table]
+        assert len(table) >= 2 and all(set(c.strip()) <= {"-", ":"} for c in table[1].strip("|").split("|")), table
+        assert len(set(cells)) == 1, (cells, table[:2])
+
+
+def test_the_report_tables_are_markdown():
+    from rtanon.eval.report import utility_table
+
+    system = {"wer": 0.3, "wer_split": None, "asr_runaways": None, "per": 0.2, "rho_f0": 0.9, "deid": 0.1,
+              "gvd_db": -1.0}
+    for asr in (None, {"tiny.en": {"wer": 0.3}, "base": {"wer": 0.2}}):
+        assert_tables_are_markdown(utility_table({"systems": {"original": {**system, "asr": asr}}}))

@@ -78,7 +78,7 @@ def utility_table(result: dict) -> str:
     models = list(next(iter(result["systems"].values())).get("asr") or {}) or ["tiny.en"]
     rows = ["| system | " + " | ".join(f"WER ({m})" for m in models) + " | substitutions / deletions / "
             f"insertions ({models[0]}) | ASR loops: utterances (WER without) | PER | rho_F0 | DeID | GVD |",
-            "|---|" + "---|" * (len(models) + 7)]
+            "|---|" + "---|" * (len(models) + 6)]
     for name, s in result["systems"].items():
         wers = [(s.get("asr") or {}).get(m, {}).get("wer", s["wer"] if i == 0 else None)
                 for i, m in enumerate(models)]
