@@ -72,11 +72,11 @@ def _umask() -> int:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, private: bool = False) -> Iterator[Path]:
     """Yields a temporary path to write in place of ``path``.
 
     On a clean exit the temporary file gets ordinary permissions (0666 less
-    the umask) and replaces ``path``; on any exception it is removed and
+    the umask; ``private``: 0600, its owner's alone) and replaces ``path``; on any exception it is removed and
     ``path`` is left as it was. The folder must exist; ``path`` must pass
     :func:`check_target` (checked again just before the rename).
     """
@@ -93,7 +93,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             raise OSError(exc.errno, exc.strerror, str(path)) from None
         os.close(fd)
         yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+        if not private:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
         check_target(path)  # a FIFO or device made while the data was written is not replaced either
         os.replace(tmp, path)
     finally:
@@ -107,18 +108,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
+def atomic_open(path: str | os.PathLike, mode: str = "wb", private: bool = False, **kwargs) -> Iterator[IO]:
     """``open(path, mode)`` through :func:`atomic_path` (``mode`` ``"w"`` or
     ``"wb"``): the file object writes the temporary file."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes whole files: mode 'w' or 'wb', not {mode!r}")
-    with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as f:
+    with atomic_path(path, private) as tmp, open(tmp, mode, **kwargs) as f:
         yield f
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` (UTF-8) to ``path`` atomically."""
-    with atomic_open(path, "w", encoding="utf-8") as f:
+def write_text(path: str | os.PathLike, text: str, private: bool = False) -> None:
+    """Writes ``text`` (UTF-8) to ``path`` atomically (``private``: mode 0600)."""
+    with atomic_open(path, "w", private, encoding="utf-8") as f:
         f.write(text)
 
 

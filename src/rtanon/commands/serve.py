@@ -78,12 +78,13 @@ def read_token(path: str, say) -> str:
             f.write(token + "\n")
         say(f"wrote a new token to {printable(file)}")
         return token
-    return load_token(path, "delete the file to get a fresh one")
+    return load_token(path, "delete the file to get a fresh one", say)
 
 
-def load_token(path: str, fix: str) -> str:
+def load_token(path: str, fix: str, say=None) -> str:
     """The token in the existing file ``path``, checked; ``fix`` says how to mend a bad one
-    (``rtanon connect`` reads a copy of the server's file this way)."""
+    (``rtanon connect`` reads a copy of the server's file this way); ``say`` gets a warning when other
+    users may read the file."""
     from rtanon.errors import CliError
     from rtanon.paths import InputPathError, printable, read_capped
 
@@ -97,6 +98,10 @@ def load_token(path: str, fix: str) -> str:
     if len(token) < TOKEN_CHARS_MIN or not token.isprintable() or " " in token:
         raise CliError(f"--token-file {printable(path)}: the token must be one word of at least "
                        f"{TOKEN_CHARS_MIN} printable characters ({fix})")
+    mode = Path(path).stat().st_mode & 0o777
+    if mode & 0o077 and say is not None:
+        say(f"warning: {printable(path)} is readable by other users (mode {mode:04o}): anyone here can use the "
+            f"token; chmod 600 {printable(path)}")
     return token
 
 

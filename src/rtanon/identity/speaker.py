@@ -75,7 +75,7 @@ class PseudoSpeaker:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in self.to_json().items())
-        atomic.write_text(path, "{\n" + body + "\n}\n")
+        atomic.write_text(path, "{\n" + body + "\n}\n", private=True)  # 0600, as a token: a voice to keep
 
     @classmethod
     def load(cls, path: str | Path) -> "PseudoSpeaker":
