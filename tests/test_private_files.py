@@ -41,3 +41,15 @@ def test_a_token_file_others_can_read_is_warned_about(tmp_path):
     os.chmod(new, 0o644)
     assert read_token(str(new), said.append) == token
     assert len(said) == 1 and "readable by other users (mode 0644)" in said[0] and f"chmod 600 {new}" in said[0]
+
+
+def test_loading_a_model_leaves_no_onnx_runtime_telemetry_on_disk(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env.update(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / ".cache"))  # rtanon as this run imports it
+    code = "import rtanon.content.stream as s; s.ContentEncoderModel()"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / ".cache" / "Microsoft").exists(), sorted(p.name for p in tmp_path.rglob("*"))

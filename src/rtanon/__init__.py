@@ -27,9 +27,18 @@ Map of the package. What ships (the run time):
 
 What trains the models lives apart, in ``rtanon.train`` (``rtanon train`` and
 ``rtanon lab``); nothing above imports it.
+
+Importing rtanon sets ``ORT_DISABLE_TELEMETRY=1`` unless the environment already sets it: ONNX Runtime
+(1.29 and later) otherwise writes a persistent device id and an event database under
+``~/.cache/Microsoft/DeveloperTools/.onnxruntime/`` at its first model load, and may send them. The one
+side effect of the import, set before any ONNX Runtime environment exists (ours or a dependency's), and
+inherited by every process rtanon starts.
 """
 
+import os
 from importlib.metadata import PackageNotFoundError, version
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 try:
     __version__ = version("rtanon")
