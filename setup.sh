@@ -63,9 +63,9 @@ esac
 say "installing rtanon into .venv${extras:+ (extras: $extras)}"
 pip_install ".${extras:+[$extras]}"
 case ",$extras," in
-  *,identity,*)
+  *,identity,*|*,train,*)
     # last, without its stale metadata (it asks for webrtcvad, which needs a compiler;
-    # webrtcvad-wheels provides the same module)
+    # webrtcvad-wheels provides the same module); the vocoder recipe's speaker embeddings need it too
     pip_install --no-deps resemblyzer==0.1.4 ;;
 esac
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from rtanon.errors import install_hint
 from rtanon.corpus import CorpusError, CorpusPlan, InProcessExecutor, check_utterance_id, run_corpus
 from rtanon.config import AnonymizerConfig
 from rtanon.engine import Anonymizer
@@ -359,8 +360,8 @@ def test_without_ray_the_run_goes_on_in_this_process_and_says_so_in_one_line(tmp
         assert proc.returncode == 0, proc.stderr
         asked = "--workers 2" if workers else "one worker per core"
         assert proc.stderr.strip().splitlines() == [
-            f"rtanon anonymize-dir: Ray is not installed, so this runs in this process ({asked} needs pip install "
-            "'rtanon[corpus]', ray==2.60.0)"]
+            f"rtanon anonymize-dir: Ray is not installed, so this runs in this process ({asked} needs "
+            f"{install_hint('corpus')}, ray==2.60.0)"]
         assert "2 utterances anonymized in this process" in proc.stdout
         assert sorted(p.name for p in out.glob("*.wav")) == sorted(f"{u}.wav" for u in KaldiDir.load(d).wav)
     assert tree(tmp_path / "o0") == tree(tmp_path / "o2")  # the same seed: the same release
@@ -369,5 +370,5 @@ def test_without_ray_the_run_goes_on_in_this_process_and_says_so_in_one_line(tmp
                         "127.0.0.1:6380")
     assert proc.returncode == 2 and not (tmp_path / "o").exists()
     assert proc.stderr.strip().splitlines() == [
-        "rtanon anonymize-dir: error: Ray is not installed: pip install 'rtanon[corpus]' (ray==2.60.0), or run in "
+        f"rtanon anonymize-dir: error: Ray is not installed: {install_hint('corpus')} (ray==2.60.0), or run in "
         "this process with --workers 0"]

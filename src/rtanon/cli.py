@@ -16,7 +16,7 @@ import threading
 import traceback
 
 from rtanon import __version__
-from rtanon.errors import Interrupted, UserError, forget_interrupts, interrupt
+from rtanon.errors import Interrupted, UserError, forget_interrupts, install_hint, interrupt
 from rtanon.paths import printable
 
 #: The longest error line: a message carries paths and fields of files, which anyone may have written.
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = extra_providing(module, args.command) if module else None
         if extra:  # an optional extra this command needs: a usage error
             print(f"{name}: error: {module} is not installed; it comes with the [{extra}] extra: "
-                  f"pip install 'rtanon[{extra}]' (or RTANON_EXTRAS={extra} ./setup.sh)", file=sys.stderr)
+                  f"{install_hint(extra)}", file=sys.stderr)
             return 2
         text = printable(" ".join(str(exc).split()), 300)
         print(f"{name}: internal error: {type(exc).__name__}: {text} (run again with --debug for the "

@@ -25,7 +25,7 @@ from pathlib import Path
 from rtanon import ray_watchdog
 from rtanon.atomic import pid_alive
 from rtanon.corpus import CorpusError, process_batch, warm_up
-from rtanon.errors import Interrupted
+from rtanon.errors import Interrupted, install_hint
 from rtanon.paths import printable
 
 #: the version the [corpus] extra pins
@@ -52,7 +52,7 @@ def need_ray():
     try:
         import ray
     except ImportError:
-        raise CorpusError(f"Ray is not installed: pip install 'rtanon[corpus]' ({RAY_PIN}), or run in this "
+        raise CorpusError(f"Ray is not installed: {install_hint('corpus')} ({RAY_PIN}), or run in this "
                           "process with --workers 0") from None
     return ray
 

@@ -12,7 +12,18 @@ This module imports nothing of rtanon, so any module may import it.
 """
 
 import signal
+import sys
 from pathlib import Path
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs rtanon's ``[extra]`` here: ``setup.sh`` in the checkout whose ``.venv`` runs
+    this, else pip from the source folder (rtanon is not on a package index, so ``pip install
+    'rtanon[extra]'`` fails)."""
+    checkout = Path(sys.prefix).resolve().parent
+    if (checkout / "setup.sh").is_file() and (checkout / "pyproject.toml").is_file():
+        return f"cd {checkout} && RTANON_EXTRAS={extra} ./setup.sh"
+    return f"pip install '.[{extra}]' in the rtanon source folder"
 
 
 class UserError(Exception):

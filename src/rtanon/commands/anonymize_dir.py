@@ -7,6 +7,7 @@ import os
 import sys
 
 from rtanon.commands._common import add_engine_args, add_seed_arg, config_from_args, identity_from_args
+from rtanon.errors import install_hint
 
 DESCRIPTION = """\
 Writes OUT/<utt-id>.wav for every utterance of KALDI_DIR, plus wav.scp, utt2spk, spk2gender (and spk2age,
@@ -115,7 +116,7 @@ def anonymize(data, out, config, identity, args) -> int:
     if not in_process and not args.ray_address and not ray_installed():  # a cluster needs Ray: that errs below
         asked = f"--workers {args.workers}" if args.workers else "one worker per core"
         print(f"rtanon anonymize-dir: Ray is not installed, so this runs in this process ({asked} needs "
-              f"pip install 'rtanon[corpus]', {RAY_PIN})", file=sys.stderr)
+              f"{install_hint('corpus')}, {RAY_PIN})", file=sys.stderr)
         in_process = True
     if in_process:
         result = run_corpus(plan, lambda: InProcessExecutor(config, identity))

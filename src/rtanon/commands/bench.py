@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rtanon.commands._common import add_engine_args
+from rtanon.errors import install_hint
 
 
 def register(sub) -> None:
@@ -76,7 +77,7 @@ def run_serve(args) -> int:
         from rtanon.serve.bench import engine_args_of, run_trial
         from rtanon.serve.scheduler import default_workers
     except ImportError:
-        raise CliError("rtanon bench --serve needs the [serve] extra: pip install 'rtanon[serve]'") from None
+        raise CliError(f"rtanon bench --serve needs the [serve] extra: {install_hint('serve')}") from None
     if args.sessions < 1:
         raise CliError(f"--sessions {args.sessions}: use 1 or more")
     if args.serve_seconds < 2:

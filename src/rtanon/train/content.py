@@ -277,10 +277,6 @@ def train_content(cfg: TrainConfig) -> Path:
     torch = need_module("torch")
     from rtanon.content.model import ContentEncoder
 
-    if cfg.whisper:
-        from rtanon.train.whisper_tune import train_whisper_content
-
-        return train_whisper_content(cfg)
     cfg.validate()
     out = Path(cfg.out_dir)
     _setup_logging(out)

@@ -32,6 +32,7 @@ import numpy as np
 from rtanon import atomic
 from rtanon.atomic import atomic_open
 from rtanon.constants import FRAME_SAMPLES
+from rtanon.errors import install_hint
 from rtanon.kaldi import KaldiDir
 
 WINDOW_SAMPLES = 480000  # Whisper's 30 s window
@@ -48,7 +49,7 @@ def need_module(module: str, extra: str = "train"):
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - install hint
         raise ImportError(f"{module} is needed for content-encoder training; "
-                          f"install it with: pip install 'rtanon[{extra}]'") from exc
+                          f"install it with: {install_hint(extra)}") from exc
 
 
 def teacher_model_path() -> Path:

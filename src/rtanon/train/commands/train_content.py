@@ -80,6 +80,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from dataclasses import replace
 
+    from rtanon.train.commands.train import check_installed
+
+    check_installed("content")
     from rtanon.content.config import ContentModelConfig
     from rtanon.train.content import TrainConfig, train_content
     from rtanon.errors import CliError
@@ -97,6 +100,11 @@ def run(args) -> int:
         cfg.validate()
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    path = train_content(cfg)
+    if cfg.whisper:
+        from rtanon.train.whisper_tune import train_whisper_content
+
+        path = train_whisper_content(cfg)
+    else:
+        path = train_content(cfg)
     print(f"checkpoint: {path}")
     return 0

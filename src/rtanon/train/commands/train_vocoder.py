@@ -87,6 +87,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from dataclasses import replace
 
+    from rtanon.train.commands.train import check_installed
+
+    check_installed("vocoder")
     import torch
 
     from rtanon.errors import CliError
