@@ -7,18 +7,96 @@ Both speak :mod:`rtanon.serve.protocol` over aiohttp's WebSocket client.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from rtanon.constants import FRAME_SAMPLES
-from rtanon.serve.protocol import pack_frame, unpack_frame
+from rtanon.constants import FRAME_SAMPLES, SAMPLE_RATE_HZ
+from rtanon.serve.protocol import FRAME_BYTES, MAX_TEXT_BYTES, pack_frame, unpack_frame
 
 
 class ServeRefused(ConnectionError):
-    """The server refused or closed the session; the message says why."""
+    """The server refused or closed the session, or broke the protocol; the message says why."""
+
+
+class ServerBroke(ServeRefused):
+    """The server broke the protocol (a frame of another size, a text that is not a JSON object, a flood): it
+    is dropped without a bye."""
+
+
+class BadReady(ServeRefused):
+    """The server's first message is not a ready message for the session asked for: not rtanon serve."""
+
+
+#: the most text messages a server may send unasked: a burst, then one a second (the server sends none
+#: unasked; it answers ``stats``); a server past it floods and is dropped
+TEXT_BURST = 20
+TEXT_PER_S = 1.0
+#: the longest ``voice`` description a ready message may carry (JSON characters; the server's is ~200)
+VOICE_CHARS_MAX = 2048
+#: the largest algorithmic latency a ready message may state (ms; the neural method's is ~100)
+LATENCY_MS_MAX = 2000.0
+
+
+class _NotJsonNumber(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    """``json.loads``' ``parse_constant``: Python's json reads NaN and Infinity, which JSON has not."""
+    raise _NotJsonNumber(f"{name} is not a JSON number")
+
+
+def check_ready(text: str, start: dict) -> dict:
+    """The server's first message (``text``, a WebSocket text message) as the ready message of the session
+    ``start`` asked for, every field checked; raises :class:`BadReady` saying what is wrong."""
+    from rtanon.config import METHOD_NAMES, PRIVACY_POINTS
+    from rtanon.paths import printable
+
+    def wrong(what: str) -> BadReady:
+        return BadReady(f"not an rtanon serve session: its first message {what} (is --server an `rtanon serve` "
+                        "server of this version?)")
+
+    try:
+        ready = json.loads(text, parse_constant=_no_constant)
+    except _NotJsonNumber as exc:
+        raise wrong(f"is not JSON ({exc})") from None
+    except (ValueError, RecursionError):
+        raise wrong("is not JSON") from None
+    if not isinstance(ready, dict):
+        raise wrong(f"is a JSON {type(ready).__name__.replace('dict', 'object')}, not an object")
+    if ready.get("type") != "ready":
+        raise wrong(f"is not a ready message (its type is {printable(repr(ready.get('type')), 30)})")
+
+    def field(name: str, ok, says: str):
+        value = ready.get(name)
+        if not ok(value):
+            raise wrong(f"has {name} {printable(json.dumps(value), 40)}, not {says}")
+        return value
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    field("session", lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+          or (isinstance(v, str) and 0 < len(v) <= 64), "a session id (a number, or a string of 1 to 64 characters)")
+    method = field("method", lambda v: v in METHOD_NAMES and v == start.get("method", v),
+                   f"the method asked for ({start['method']})" if "method" in start else
+                   f"one of {', '.join(METHOD_NAMES)}")
+    if method == "neural":
+        field("privacy", lambda v: v in PRIVACY_POINTS and v == start.get("privacy", v),
+              f"the privacy point asked for ({start['privacy']})" if "privacy" in start else
+              f"one of {', '.join(PRIVACY_POINTS)}")
+    for name, value in (("frame_samples", FRAME_SAMPLES), ("sample_rate_hz", SAMPLE_RATE_HZ),
+                        ("frame_bytes", FRAME_BYTES)):
+        field(name, lambda v, value=value: number(v) and v == value, f"{value}")
+    field("latency_ms", lambda v: number(v) and 0.0 <= v <= LATENCY_MS_MAX,
+          f"a number of milliseconds from 0 to {LATENCY_MS_MAX:.0f}")
+    field("voice", lambda v: isinstance(v, dict) and len(json.dumps(v)) <= VOICE_CHARS_MAX,
+          f"a JSON object of at most {VOICE_CHARS_MAX} characters")
+    return ready
 
 
 class ServeClient:
@@ -26,21 +104,24 @@ class ServeClient:
 
     def __init__(self, http, ws, ready: dict) -> None:
         self._http, self.ws, self.ready = http, ws, ready
-        self.texts: list[dict] = []  # control answers (stats) received while reading frames
+        self.texts: collections.deque[dict] = collections.deque(maxlen=TEXT_BURST)  # the last control answers
+        self._text_budget, self._text_t = float(TEXT_BURST), time.monotonic()
 
     @classmethod
     async def open(cls, url: str, token: str, start: dict | None = None, **connect) -> "ServeClient":
+        """Connects, sends ``start`` and waits for the server's ready message (:func:`check_ready`)."""
         import aiohttp
 
+        start = start or {}
         http = aiohttp.ClientSession()
         try:
-            ws = await http.ws_connect(url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=1 << 20,
+            ws = await http.ws_connect(url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=MAX_TEXT_BYTES,
                                        **connect)
-            await ws.send_str(json.dumps({"type": "start", **(start or {})}))
+            await ws.send_str(json.dumps({"type": "start", **start}))
             msg = await ws.receive(timeout=60.0)
             if msg.type != aiohttp.WSMsgType.TEXT:
-                raise ServeRefused(f"no ready message (closed: {ws.close_code} {msg.extra or ''})")
-            return cls(http, ws, json.loads(msg.data))
+                raise ServeRefused(f"the server closed the session before it was ready ({_closed(ws, msg)})")
+            return cls(http, ws, check_ready(msg.data, start))
         except aiohttp.WSServerHandshakeError as exc:
             await http.close()
             raise ServeRefused(f"refused: HTTP {exc.status}") from None
@@ -52,17 +133,39 @@ class ServeClient:
         await self.ws.send_bytes(pack_frame(seq, audio))
 
     async def receive(self, timeout: float = 5.0) -> tuple[int, np.ndarray]:
-        """The next answered frame ``(seq, float32 samples)``; control answers are kept in ``texts``."""
+        """The next answered frame ``(seq, float32 samples)``; the last control answers are kept in ``texts``.
+        Raises :class:`ServeRefused` when the connection ends, :class:`ServerBroke` when the server breaks the
+        protocol (a frame of another size, a text that is not a JSON object, texts faster than ``TEXT_PER_S``
+        after a burst of ``TEXT_BURST``)."""
         import aiohttp
+
+        from rtanon.paths import printable
 
         while True:
             msg = await self.ws.receive(timeout=timeout)
             if msg.type == aiohttp.WSMsgType.BINARY:
+                if len(msg.data) != FRAME_BYTES:
+                    raise ServerBroke(f"the server broke the protocol: a frame of {len(msg.data)} bytes (a frame is "
+                                      f"{FRAME_BYTES})")
                 return unpack_frame(msg.data)
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                self.texts.append(json.loads(msg.data))
-                continue
-            raise ServeRefused(f"closed ({self.ws.close_code}: {msg.extra or ''})")
+            if msg.type == aiohttp.WSMsgType.ERROR:  # a message over MAX_TEXT_BYTES, a broken frame
+                raise ServerBroke(f"the server broke the protocol: {printable(msg.extra, 80)}")
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise ServeRefused(f"the server closed the session ({_closed(self.ws, msg)})")
+            now = time.monotonic()
+            self._text_budget = min(float(TEXT_BURST), self._text_budget + (now - self._text_t) * TEXT_PER_S)
+            self._text_t = now
+            if self._text_budget < 1.0:
+                raise ServerBroke(f"the server floods: over {TEXT_BURST} text messages unasked (or {TEXT_PER_S:.0f} "
+                                  "a second)")
+            self._text_budget -= 1.0
+            try:
+                text = json.loads(msg.data, parse_constant=_no_constant)
+            except (ValueError, RecursionError):
+                text = None
+            if not isinstance(text, dict):
+                raise ServerBroke("the server broke the protocol: a text message that is not a JSON object")
+            self.texts.append(text)
 
     async def control(self, message: dict) -> None:
         await self.ws.send_str(json.dumps(message))
@@ -74,18 +177,30 @@ class ServeClient:
         await self.control({"type": "stats"})
         while True:
             msg = await self.ws.receive(timeout=timeout)
-            if msg.type == aiohttp.WSMsgType.TEXT and (answer := json.loads(msg.data)).get("type") == "stats":
-                return answer
-            if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-                raise ServeRefused(f"closed ({self.ws.close_code}: {msg.extra or ''})")
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                answer = json.loads(msg.data, parse_constant=_no_constant)
+                if isinstance(answer, dict) and answer.get("type") == "stats":
+                    return answer
+            elif msg.type != aiohttp.WSMsgType.BINARY:
+                raise ServeRefused(f"the server closed the session ({_closed(self.ws, msg)})")
 
-    async def close(self) -> None:
+    async def close(self, polite: bool = True) -> None:
+        """Says bye and closes; ``polite=False`` drops the connection at once (a server that broke the protocol
+        gets no bye, and its flood no wait for its close)."""
         try:
-            if not self.ws.closed:
+            if polite and not self.ws.closed:
                 await self.control({"type": "bye"})
                 await self.ws.close()
         finally:
             await self._http.close()
+
+
+def _closed(ws, msg) -> str:
+    """How a connection ended, for a message: the close code and the server's reason, made printable."""
+    from rtanon.paths import printable
+
+    reason = printable(msg.extra or "", 80)  # a close's reason, or the error aiohttp raised (a message too big)
+    return f"code {ws.close_code}" + (f": {reason}" if reason else "")
 
 
 @dataclass
