@@ -52,20 +52,39 @@ def register(sub) -> None:
 
 
 def server_url(text: str) -> str:
-    """``--server`` as the WebSocket URL to open: ws(s)://HOST:PORT/ws (http(s):// is taken as ws(s)://)."""
+    """``--server`` as the WebSocket URL to open: ws(s)://HOST:PORT/ws (http(s):// is taken as ws(s)://). An
+    IPv6 address may come with or without brackets (``ws://[::1]:P`` or ``ws://::1:P``: the last ``:P`` is
+    the port)."""
+    import ipaddress
+
     from rtanon.errors import CliError
     from rtanon.paths import printable
 
+    shown = printable(text, 80)
     parts = urlsplit(text)
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    netloc = parts.netloc
+    if "@" in netloc:
+        raise CliError(f"--server {shown}: no user name or password in the URL; the server's token goes in "
+                       "--token-file, and the URL is ws://HOST:PORT or wss://HOST:PORT")
+    if netloc.count(":") >= 2 and not netloc.startswith("["):  # an IPv6 address without its brackets
+        host, _, port = netloc.rpartition(":")
+        try:
+            if not port.isdigit() or ipaddress.ip_address(host.split("%")[0]).version != 6:
+                raise ValueError(host)
+        except ValueError:
+            raise CliError(f"--server {shown}: an IPv6 address goes in brackets, with the port after them: "
+                           "ws://[ADDRESS]:PORT") from None
+        netloc = f"[{host}]:{port}"
+        parts = urlsplit(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))
     if scheme not in ("ws", "wss") or not parts.hostname or parts.query or parts.fragment:
-        raise CliError(f"--server {printable(text, 80)}: use ws://HOST:PORT or wss://HOST:PORT, as `rtanon serve` "
+        raise CliError(f"--server {shown}: use ws://HOST:PORT or wss://HOST:PORT, as `rtanon serve` "
                        "printed it (the token goes in --token-file, not in the URL)")
     try:
         parts.port
     except ValueError:
-        raise CliError(f"--server {printable(text, 80)}: the port must be a number from 1 to 65535") from None
-    return urlunsplit((scheme, parts.netloc, parts.path if parts.path not in ("", "/") else "/ws", "", ""))
+        raise CliError(f"--server {shown}: the port must be a number from 1 to 65535") from None
+    return urlunsplit((scheme, netloc, parts.path if parts.path not in ("", "/") else "/ws", "", ""))
 
 
 def start_message(args) -> dict:
