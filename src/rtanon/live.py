@@ -797,11 +797,12 @@ def _since_last_status(marks: dict, fields: dict[str, tuple[RecentValues, float]
 def run_live(session: Session, input_spec: str | None, output_spec: str | None, *,
              config: LiveConfig | None = None, duration_s: float | None = None,
              device_rate_hz: int | None = None, status_interval_s: float = 0.5, stream=sys.stderr,
-             json_status=None, name: str = "rtanon live", extra_status=None) -> LiveCore:
+             json_status=None, name: str = "rtanon live", extra_status=None, stop_when=None) -> LiveCore:
     """Runs the live loop until Ctrl-C or ``duration_s``; returns the core with its counters
     (``core.interrupted``: Ctrl-C ended it). ``json_status``: a text stream that gets one JSON object per
     status interval (for ``rtanon soak``); ``name`` starts the running line; ``extra_status()``: a string
-    the status line ends with (``rtanon connect``: the server's state)."""
+    the status line ends with (``rtanon connect``: the server's state); ``stop_when()``: true ends the loop
+    (``rtanon connect``: the session failed)."""
     import json
 
     import sounddevice as sd
@@ -853,6 +854,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         while t_end is None or time.monotonic() < t_end:
             time.sleep(WATCH_INTERVAL_S if t_end is None else min(WATCH_INTERVAL_S,
                                                                   max(0.0, t_end - time.monotonic())))
+            if stop_when is not None and stop_when():
+                break
             watch_streams([inp, out], pulse_presence([inp, out]), out, core.last_output_at)  # device watchdog
             if time.monotonic() < next_status:
                 continue

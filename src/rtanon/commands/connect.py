@@ -18,9 +18,11 @@ def register(sub) -> None:
                     "frame goes to an `rtanon serve` server, which anonymizes it, and its answer is played: "
                     "a laptop without the models (or a GPU) gets the neural voice. An answer that is not back "
                     "within --pipeline-ms, and everything while the server is away, plays comfort noise, never "
-                    "your voice, and counts as a missed deadline; the client reconnects by itself (the new "
-                    "session has a fresh voice unless --identity pins it). The status line adds the server's "
-                    "round trip, or DOWN. Ctrl-C stops (exit 130).",
+                    "your voice, and counts as a missed deadline; the client reconnects by itself, after a pause "
+                    "that doubles up to 5 s (the new session has a fresh voice unless --identity pins it). A server "
+                    "whose first message is not a ready message for this session is refused (exit 2); one that "
+                    "sends your own frames back is never played and the session ends (exit 1). The status line "
+                    "adds the server's round trip, or DOWN and the next retry. Ctrl-C stops (exit 130).",
         epilog="Example: on the server `rtanon serve --host 0.0.0.0 --certfile cert.pem --keyfile key.pem "
                "--token-file token`; copy `token` to the laptop, then `rtanon connect --server "
                "wss://server.example:8765 --token-file token --input 2 --output rtanon`. The delay is the "
@@ -107,7 +109,8 @@ def run(args) -> int:
 
     from rtanon.commands._common import import_sounddevice
     from rtanon.commands.serve import load_token
-    from rtanon.errors import CliError, UserError
+    from rtanon.errors import CliError, RunFailed, UserError
+    from rtanon.paths import printable
 
     try:
         import aiohttp  # noqa: F401
@@ -128,15 +131,17 @@ def run(args) -> int:
     from rtanon.live import resolve_device, run_live
 
     session = RemoteSession(url, token, start, config).open()  # the server's refusal first: it says the most
-    print(f"rtanon connect: session {session.ready.get('session')} on {url} ({session.ready.get('method')}; "
-          f"server latency {session.ready.get('latency_ms', 0):.0f} ms + pipeline {config.pipeline_ms} ms)",
+    ready = session.ready  # checked: a ready message for this session (rtanon.serve.client.check_ready)
+    print(f"rtanon connect: session {printable(ready['session'], 64)} on {printable(url)} ({ready['method']}; "
+          f"server latency {ready['latency_ms']:.0f} ms + pipeline {config.pipeline_ms} ms)",
           file=sys.stderr, flush=True)
     try:
         for spec, kind in ((args.input, "input"), (args.output, "output")):
             resolve_device(spec, kind)
         core = run_live(session, args.input, args.output, duration_s=args.duration,
                         device_rate_hz=args.device_rate, stream=None if args.quiet else sys.stderr,
-                        status_interval_s=args.status_interval, name="rtanon connect", extra_status=session.status)
+                        status_interval_s=args.status_interval, name="rtanon connect", extra_status=session.status,
+                        stop_when=lambda: bool(session.failed))
     except UserError:
         raise
     except ValueError as exc:  # sounddevice: no such device / ambiguous name
@@ -148,6 +153,8 @@ def run(args) -> int:
           f"(late answers {s['late']}, server away {s['unsent']}), reconnects {s['reconnects']}, round trip "
           f"p50 {s['round_trip_ms_p50']} ms p99 {s['round_trip_ms_p99']} ms, xruns "
           f"{c.input_overflows + c.output_underflows}, worker errors {core.worker_errors}")
+    if session.failed:
+        raise RunFailed(session.failed)
     if core.interrupted:
         raise KeyboardInterrupt  # the CLI says so and exits 130
     return 0

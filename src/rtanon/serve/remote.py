@@ -13,13 +13,21 @@ sent. An answer that is not back by then, and every frame while the server is aw
 never the input, counted as a missed deadline (``late`` and ``unsent`` say which). The pipeline is part
 of ``algorithmic_latency_samples``. A background thread holds the WebSocket in its own asyncio loop
 (:class:`rtanon.serve.client.ServeClient`); when the connection breaks or the server stops answering it
-reconnects with a growing pause, and the new session draws a fresh voice unless an identity pins it.
+reconnects after a pause that doubles, with jitter, up to ``retry_max_s`` (back to the shortest after a
+connection that held), and the new session draws a fresh voice unless an identity pins it.
+
+It trusts the server with nothing it can check (fail closed): the first message must be a ready message
+for the session asked for (:func:`rtanon.serve.client.check_ready`), or the connection counts as failed;
+a server that sends more answers than frames, frames of another size or texts unasked is dropped; and an
+answer that is a frame sent (:class:`EchoCheck`: copied, scaled, delayed) is never played: comfort noise
+instead, and the session ends (``failed`` says why).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +36,7 @@ import numpy as np
 
 from rtanon.config import ConfigError, VadConfig
 from rtanon.constants import FRAME_SAMPLES, SAMPLE_RATE_HZ
-from rtanon.engine import Counters
+from rtanon.engine import PASSTHROUGH_CORRELATION, Counters
 from rtanon.errors import UserError
 from rtanon.paths import printable
 from rtanon.stages.base import check_chunk
@@ -36,10 +44,81 @@ from rtanon.stages.base import check_chunk
 SEQ_MASK = 0xFFFFFFFF  # sequence numbers are uint32 on the wire
 #: an answer louder than this (RMS) is speech: the server's comfort noise sits at -66 dBFS
 SPEECH_RMS = 10.0 ** (-50.0 / 20.0)
+#: an answer quieter than this (RMS, -80 dBFS, as the engine's pass-through guard) carries no voice to check
+ECHO_MIN_RMS = 1e-4
+#: an answer is the user's own frame sent back (never played, and the session ends) when its normalised
+#: correlation with a window of what was sent reaches ECHO_CORRELATION (the engine's pass-through bar), or when
+#: that window, best scaled, leaves at most ECHO_RESIDUAL_STEPS of it (RMS, PCM16 steps; rounding leaves at most
+#: 0.5). Copies of so762_dev speech (as sent, half, -0.3 two frames late, 7 frames late) score 0.9996 to 1
+#: and leave at most 0.33 steps. Real output against its own input, per 20 ms answer over the whole ring at the
+#: default pipeline, PCM16 both ways (2026-12-01, a fresh voice per utterance): McAdams at its default alpha
+#: 0.75-0.9 at most 0.9973 (all 320 so762_dev utterances, 62,167 answers; 0.9949 in a second run), at alpha 0.95,
+#: the mildest allowed, 0.9984 (0.9977 in a second run); the neural method 0.9858 (balanced) and 0.9839 (strong)
+#: on 40 utterances (7,730 answers each); none left less than 2.09 steps, and none was flagged.
+ECHO_CORRELATION = PASSTHROUGH_CORRELATION
+ECHO_RESIDUAL_STEPS = 1.0
+
+
+#: a connection that held this long (seconds) was healthy: the next pause is the shortest again
+HEALTHY_S = 5.0
+RETRY_MIN_S = 0.2
+#: answers beyond the frames sent on a connection (the server answers each frame once): past it, a flood
+ANSWER_SLACK = 50
+#: how far back (frames, beyond the pipeline) the echo check looks for the frame an answer repeats
+ECHO_MEMORY_FRAMES = 50
 
 
 class ConnectError(UserError):
     """The server cannot be reached or refused the session; the message says what to do."""
+
+
+class EchoCheck:
+    """Whether an answer is the user's own voice sent back. Each answer is compared with every 320-sample
+    window of the last ``frames`` frames sent (as PCM16 on the wire), at every lag: its normalised
+    correlation with the window most like it, and what is left of it once that window, best scaled, is
+    taken away (RMS, in PCM16 steps). A frame sent back, scaled, sign-flipped or delayed by any number of
+    samples within the ring leaves only the rounding (at most half a step a sample) and correlates at
+    :data:`ECHO_CORRELATION` or more once it is above -71 dBFS. One FFT per answer."""
+
+    def __init__(self, frames: int) -> None:
+        self._hist = np.zeros(frames * FRAME_SAMPLES, np.float64)  # PCM16 steps
+
+    def push(self, x: np.ndarray) -> None:
+        """The frame just sent (``FRAME_SAMPLES`` float32 in [-1, 1]), rounded as the wire rounds it."""
+        n = FRAME_SAMPLES
+        self._hist[:-n] = self._hist[n:]
+        self._hist[-n:] = np.round(np.clip(x, -1.0, 1.0) * 32767.0)
+
+    def score(self, y: np.ndarray) -> tuple[int, float, float]:
+        """``(lag, correlation, residual)`` of answer ``y`` (``FRAME_SAMPLES`` float32 in [-1, 1]) against
+        the sent window most like it: how many samples that window ends before the newest one sent, the
+        normalised correlation (0 to 1) and the residual RMS in PCM16 steps; ``(0, 0.0, inf)`` for an answer
+        below :data:`ECHO_MIN_RMS`, too quiet to carry a voice."""
+        import scipy.fft  # here, not at import: `rtanon --help` need not load it
+
+        n, h = y.shape[0], self._hist.shape[0]
+        y = y.astype(np.float64) * 32768.0
+        ny = float(np.sqrt(np.dot(y, y)))
+        if ny <= ECHO_MIN_RMS * 32768.0 * np.sqrt(n):
+            return 0, 0.0, float("inf")
+        nfft = scipy.fft.next_fast_len(h + n - 1, real=True)
+        # dots[k] = <hist[k:k + n], y>: the window that ends h - n - k samples before the newest sample
+        dots = scipy.fft.irfft(scipy.fft.rfft(self._hist, nfft) * np.conj(scipy.fft.rfft(y, nfft)), nfft)[: h - n + 1]
+        energy = np.concatenate(([0.0], np.cumsum(self._hist**2)))
+        norms = np.sqrt(np.maximum(energy[n:] - energy[:-n], 0.0))
+        live = norms >= np.sqrt(n)  # windows of at least one step RMS (not the zeros before the first frame)
+        corr = np.where(live, np.abs(dots) / np.maximum(norms * ny, 1e-30), 0.0)
+        k = int(np.argmax(corr))
+        c = min(float(corr[k]), 1.0)
+        return h - n - k, c, ny * np.sqrt(1.0 - c * c) / np.sqrt(n)
+
+    def echo(self, y: np.ndarray) -> str | None:
+        """Why answer ``y`` is a frame sent (copied, scaled, delayed), or None."""
+        lag, corr, residual = self.score(y)
+        if corr >= ECHO_CORRELATION or residual <= ECHO_RESIDUAL_STEPS:
+            return (f"correlation {corr:.4f} with what was sent {1000 * lag / SAMPLE_RATE_HZ:.0f} ms before the "
+                    f"newest frame, {residual:.2f} PCM16 steps apart")
+        return None
 
 
 @dataclass(frozen=True)
@@ -73,6 +152,8 @@ def _describe(exc: BaseException, url: str) -> str:
     """A one-line reason a connection attempt failed, saying what to do."""
     import aiohttp
 
+    from rtanon.serve.client import ServeRefused
+
     text = printable(str(exc) or type(exc).__name__, 160)
     if isinstance(exc, asyncio.TimeoutError):
         return f"{url} did not answer in time (is `rtanon serve` running there?)"
@@ -83,9 +164,11 @@ def _describe(exc: BaseException, url: str) -> str:
                 "503": "the server is full (its --max-sessions); try again later",
                 "404": f"{url} is not an rtanon serve WebSocket (the path is /ws)"}.get(
             str(status), f"the server refused the connection (HTTP {status})")
+    if isinstance(exc, ServeRefused):  # the message says what the server did
+        return f"{url}: {text}"
     if isinstance(exc, (aiohttp.ClientConnectorError, OSError)):
         return f"cannot reach {url}: {text} (is `rtanon serve` running there?)"
-    return f"the server closed the session: {text}"
+    return f"the connection to {url} failed: {text}"
 
 
 class RemoteSession:
@@ -104,6 +187,9 @@ class RemoteSession:
         self.ready: dict = {}  # the server's ready message of the current (or last) connection
         self.connected = False
         self.reconnects = 0
+        self.attempts = 0  # connection attempts since the last healthy connection
+        self.retry_at: float | None = None  # when the next attempt starts (time.monotonic), while waiting
+        self.failed = ""  # why the session ended for good (the server sent back the user's voice)
         self.late = 0  # frames sent whose answer was not back within pipeline_ms
         self.unsent = 0  # frames not sent (the server was away) or lost with a broken connection
         self.last_error = ""
@@ -112,6 +198,7 @@ class RemoteSession:
         self._noise_rms = 0.0 if level is None else 10.0 ** (level / 20.0)
         self._noise_rng = np.random.default_rng()
         self._seq = 0
+        self._echo = EchoCheck(self.pipeline_frames + ECHO_MEMORY_FRAMES)
         self._cond = threading.Condition()
         self._sent: dict[int, float] = {}  # wire seq -> when it was sent, until its answer is due
         self._answers: dict[int, np.ndarray] = {}
@@ -148,6 +235,20 @@ class RemoteSession:
     def reset(self) -> None:
         """Nothing to forget here: the server's session keeps its own state."""
 
+    def _fail(self, why: str) -> None:
+        """Ends the session for good: nothing more is sent or played, and the network thread stops."""
+        with self._cond:
+            if self.failed:
+                return
+            self.failed = why
+            self.counters.last_error = why
+        loop, closing = self._loop, self._closing
+        if loop is not None and closing is not None:
+            try:
+                loop.call_soon_threadsafe(closing.set)
+            except RuntimeError:  # the loop already ended
+                pass
+
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """Sends one frame (320 float32 samples at 16 kHz, mono) and returns the server's answer to the
         frame ``pipeline_frames`` before it (same shape, float32 in [-1, 1]), or comfort noise."""
@@ -159,9 +260,10 @@ class RemoteSession:
         seq, self._seq = self._seq, self._seq + 1
         due = seq - self.pipeline_frames
         y = None
+        self._echo.push(x)
         with self._cond:
             outbox = self._outbox
-            if self.connected and outbox is not None:
+            if self.connected and outbox is not None and not self.failed:
                 now = time.monotonic()
                 self._sent[seq & SEQ_MASK] = now
                 self._last_sent_t = now
@@ -178,6 +280,12 @@ class RemoteSession:
                     y = self._answers.pop(key, None)
                     self.late += y is None
         self.counters.chunks += 1
+        if y is not None and not self.failed and (echo := self._echo.echo(y)) is not None:
+            self._fail(f"the server at {self.url} sent back your own voice (the answer to frame {due}: {echo}): it "
+                       "is not an rtanon serve server, or a broken one; that answer and everything after it played "
+                       "comfort noise, and the session ended")
+        if self.failed:
+            y = None
         if y is None:
             self.counters.missed_deadlines += due >= 0  # the first frames fill the pipeline: nothing is due
             self.last_speech = False
@@ -223,19 +331,40 @@ class RemoteSession:
 
     def status(self) -> str:
         """A few words for the live status line: the server's state and the median round trip."""
+        if self.failed:
+            return " | server FAILED: it sent back your voice, session ended"
         if not self.connected:
-            return " | server DOWN, reconnecting"
+            retry_at = self.retry_at
+            error = self.last_error.removeprefix(f"{self.url}: ")
+            why = f": {printable(error, 80)}" if error else ""
+            if retry_at is None:
+                return f" | server DOWN{why}, connecting (attempt {self.attempts + 1})"
+            return (f" | server DOWN{why}, retry {self.attempts + 1} in {max(0.0, retry_at - time.monotonic()):.1f} s "
+                    f"(back-off up to {self.config.retry_max_s:.0f} s)")
         rtt = self.stats()["round_trip_ms_p50"]
         return f" | server rtt {rtt:.0f} ms" if rtt is not None else " | server up"
 
     async def _run(self) -> None:
-        """The network thread: connect, pump frames until the connection ends, reconnect."""
+        """The network thread: connect, pump frames until the connection ends, pause, reconnect. The pause
+        doubles after each attempt that fails or connection that does not hold ``HEALTHY_S``, from
+        ``RETRY_MIN_S`` up to ``retry_max_s``, each drawn from its upper half (jitter: many clients
+        that lost one server do not come back at the same instant)."""
         from rtanon.serve.client import ServeClient
 
         self._closing = asyncio.Event()
-        pause = 0.2
         first = True
         while not self._closing.is_set():
+            if not first:
+                pause = min(RETRY_MIN_S * 2 ** max(0, self.attempts - 1), self.config.retry_max_s)
+                pause *= random.uniform(0.5, 1.0)
+                self.retry_at = time.monotonic() + pause
+                try:
+                    await asyncio.wait_for(self._closing.wait(), pause)
+                    break
+                except asyncio.TimeoutError:
+                    pass
+                self.retry_at = None
+            self.attempts += 1
             try:
                 client = await asyncio.wait_for(
                     ServeClient.open(self.url, self._token, self.start, heartbeat=self.config.heartbeat_s),
@@ -246,24 +375,25 @@ class RemoteSession:
                     self._first_error = self.last_error
                     self._first.set()
                     return
-                try:
-                    await asyncio.wait_for(self._closing.wait(), pause)
-                except asyncio.TimeoutError:
-                    pass
-                pause = min(2 * pause, self.config.retry_max_s)
                 continue
-            pause = 0.2
             self.reconnects += not first
             first = False
-            self.last_error = await self._pump(client)
+            t_open = time.monotonic()
+            self.last_error, polite = await self._pump(client)
+            if time.monotonic() - t_open >= HEALTHY_S:
+                self.attempts = 0
             try:
-                await asyncio.wait_for(client.close(), 2.0)
+                await asyncio.wait_for(client.close(polite), 2.0)
             except Exception:  # a dead connection may refuse a polite close
                 pass
+        self.retry_at = None
         self._first.set()
 
-    async def _pump(self, client) -> str:
-        """Sends the outbox and reads answers until the connection ends or stalls; returns why it ended."""
+    async def _pump(self, client) -> tuple[str, bool]:
+        """Sends the outbox and reads answers until the connection ends or stalls; returns why it ended, and
+        whether the server may still get a polite bye (not when it broke the protocol)."""
+        from rtanon.serve.client import ServerBroke
+
         outbox: asyncio.Queue = asyncio.Queue()
         with self._cond:
             self.ready = client.ready
@@ -272,14 +402,22 @@ class RemoteSession:
             self.connected = True
         self._first.set()
 
+        sent_here = answered = 0
+
         async def send():
+            nonlocal sent_here
             while True:
                 seq, x = await outbox.get()
                 await client.send(seq, x)
+                sent_here += 1
 
         async def receive():
+            nonlocal answered
             while True:
                 seq, y = await client.receive(timeout=None)
+                answered += 1
+                if answered > sent_here + ANSWER_SLACK:
+                    raise ServerBroke(f"the server floods: {answered} answers to {sent_here} frames sent")
                 with self._cond:
                     now = time.monotonic()
                     self._last_answer_t = now
@@ -309,6 +447,8 @@ class RemoteSession:
             for task in [*tasks, closing]:
                 task.cancel()
         if closing in done:
-            return "closed"
+            return "closed", True
         exc = next((t.exception() for t in done if t is not closing and not t.cancelled()), None)
-        return _describe(exc, self.url) if exc is not None else "the connection ended"
+        if exc is None:
+            return "the connection ended", True
+        return _describe(exc, self.url), not isinstance(exc, ServerBroke)
