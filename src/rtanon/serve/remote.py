@@ -154,7 +154,7 @@ def _describe(exc: BaseException, url: str) -> str:
 
     from rtanon.serve.client import ServeRefused
 
-    text = printable(str(exc) or type(exc).__name__, 160)
+    text = printable(str(exc) or type(exc).__name__, 240)
     if isinstance(exc, asyncio.TimeoutError):
         return f"{url} did not answer in time (is `rtanon serve` running there?)"
     if isinstance(exc, aiohttp.WSServerHandshakeError) or "refused: HTTP" in text:
