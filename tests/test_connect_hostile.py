@@ -303,8 +303,8 @@ def test_a_server_that_keeps_dropping_the_session_is_retried_with_back_off(hosti
     print(f"\n{handler.__name__}: {len(server.connections)} connections in 6 s, gaps {np.round(gaps, 2)}; "
           f"{statuses[-1]!r}")
     assert says in remote.last_error, remote.last_error
-    assert 3 <= len(server.connections) <= 8  # before the fix: about a thousand
-    assert gaps[0] < 0.5 and gaps[-1] >= 0.8 and gaps[-1] >= 0.5 * gaps.max()  # pauses that grow
+    assert 3 <= len(server.connections) <= 8  # before the fix: thousands (a loaded machine only slows it down)
+    assert gaps[-1] >= 0.8  # the pause grew (from 0.1-0.2 s)
     assert any("retry" in s and "back-off up to 5 s" in s and says[:20] in s for s in statuses), statuses
 
 
