@@ -186,7 +186,8 @@ def test_connect_exits_1_when_the_server_sends_the_voice_back(hostile, speech, t
     monkeypatch.setattr(rtanon.commands._common, "import_sounddevice", lambda: None)
     monkeypatch.setattr(rtanon.live, "resolve_device", lambda spec, kind: (None, {}))
     monkeypatch.setattr(rtanon.live, "run_live", fake_run_live)
-    code = main(["connect", "--server", server.url, "--token-file", str(tmp_path / "token"), "--quiet"])
+    code = main(["connect", "--server", server.url, "--token-file", str(tmp_path / "token"), "--quiet",
+                 "--pipeline-ms", "200"])  # room for a loaded machine: the answers must come back to be checked
     err = capsys.readouterr().err
     assert code == 1 and stops == [True], err
     assert "rtanon connect: error: the server at" in err and "sent back your own voice" in err
