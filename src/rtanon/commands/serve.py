@@ -38,6 +38,9 @@ def register(sub) -> None:
     p.add_argument("--token-file", metavar="FILE", required=True,
                    help="the bearer token every connection must show; created with a fresh random token "
                         "(mode 0600) when FILE does not exist")
+    p.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="a name clients reach the server by (its Host header: a DNS name of this machine), beside "
+                        "the address it listens on; others are refused (DNS rebinding). Repeatable")
     p.add_argument("--certfile", metavar="PEM", default=None, help="TLS certificate chain (wss://)")
     p.add_argument("--keyfile", metavar="PEM", default=None, help="TLS private key")
     p.add_argument("--insecure", action="store_true",
@@ -71,7 +74,11 @@ def read_token(path: str, say) -> str:
     """The token in ``path``; a new random one written there (0600) when it does not exist."""
     from rtanon.paths import printable
 
+    from rtanon.errors import CliError
+
     file = Path(path)
+    if file.is_dir():
+        raise CliError(f"--token-file {printable(path)} is a directory: name a file in it (created when missing)")
     if not file.exists():
         token = secrets.token_urlsafe(32)
         fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -125,7 +132,7 @@ def run(args) -> int:
     from rtanon.paths import printable
 
     try:
-        from rtanon.serve.server import ServeServer
+        from rtanon.serve.server import ServeServer, host_header
     except ImportError:
         raise CliError(f"rtanon serve needs the [serve] extra: {install_hint('serve')}") from None
     from rtanon.serve.scheduler import ServeConfig, default_workers, realtime_process
@@ -161,15 +168,16 @@ def run(args) -> int:
         return run_on_ray(args, config, token, base, say)
     if args.replicas != 1:
         raise CliError("--replicas needs --ray-address (one process serves as one replica)")
-    server = ServeServer(config, token, base=base)
+    server = ServeServer(config, token, base=base, allow_hosts=tuple(args.allow_host))
     say(f"loading the {args.method} models")
     server.anonymizer_for(base.method, base.neural.privacy)  # the default session's models, before listening
     realtime_process()
     scheme = "wss" if ssl_context else "ws"
 
     def ready(port: int) -> None:
-        say(f"listening on {scheme}://{args.host}:{port}/ws (up to {config.max_sessions} sessions; Ctrl-C stops); "
-            f"the page: {'https' if ssl_context else 'http'}://{args.host}:{port}/?token=TOKEN, TOKEN from "
+        where = host_header(args.host, port)
+        say(f"listening on {scheme}://{where}/ws (up to {config.max_sessions} sessions; Ctrl-C stops); "
+            f"the page: {'https' if ssl_context else 'http'}://{where}/?token=TOKEN, TOKEN from "
             f"{printable(args.token_file)}")
 
     try:

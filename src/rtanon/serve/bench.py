@@ -46,6 +46,7 @@ class _Server:
         self._dir = tempfile.TemporaryDirectory(prefix="rtanon-bench-serve-")
         self.token = secrets.token_urlsafe(24)
         token_file = Path(self._dir.name) / "token"
+        token_file.touch(mode=0o600)
         token_file.write_text(self.token)
         self._log = open(Path(self._dir.name) / "log", "w+")
         cmd = [sys.executable, "-m", "rtanon", "serve", "--port", "0", "--token-file", str(token_file),

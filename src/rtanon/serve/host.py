@@ -24,8 +24,28 @@ from rtanon.serve.scheduler import Scheduler, ServeConfig, StreamSession
 START_TIMEOUT_S = 10.0
 #: answers a client may leave unread before it is closed (it is not reading: 2 s of audio)
 MAX_UNSENT_FRAMES = 100
+#: control messages (mute, new_voice, stats) a client may send in a burst, and a second after it
+CONTROL_BURST, CONTROL_PER_S = 20, 5.0
+#: how often the event loop's own stalls are measured (:meth:`SessionHost.stalled_s`)
+STALL_PROBE_S = 0.01
+#: a wake-up later than this counts as a stall
+STALL_MIN_S = 0.005
 #: WebSocket close codes
 CLOSE_OK, CLOSE_POLICY = 1000, 1008
+#: the longest close reason a WebSocket close frame carries, in UTF-8 bytes
+MAX_CLOSE_REASON_BYTES = 123
+
+
+def close_reason(reason: str, limit: int = MAX_CLOSE_REASON_BYTES) -> bytes:
+    """``reason`` in UTF-8, cut to ``limit`` bytes at a character boundary (a cut character would make the
+    client read the close as 1007, invalid data, and lose the reason)."""
+    return reason.encode("utf-8")[:limit].decode("utf-8", "ignore").encode("utf-8")
+
+
+def _all(headers, name: str) -> list[str]:
+    """Every value of a header (aiohttp's ``getall``, Starlette's ``getlist``)."""
+    get = getattr(headers, "getall", None)
+    return list(get(name, [])) if get is not None else list(headers.getlist(name))
 
 
 class Connection(Protocol):
@@ -71,9 +91,10 @@ class SessionHost:
         self.name = name
         self.scheduler = Scheduler(config, self._on_output)
         self._anonymizers: dict[tuple[str, str], object] = {}
-        self._model_lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outboxes: dict[int, asyncio.Queue] = {}
+        self._probe: asyncio.Handle | None = None
+        self.stalled_s = 0.0  # how long the event loop has been held up in all (a slow call, SIGSTOP)
         self.connections = 0
         self.refused = 0
 
@@ -92,11 +113,26 @@ class SessionHost:
             self._anonymizers[key] = anonymizer
         return self._anonymizers[key]
 
-    async def _anonymizer(self, method: str, privacy: str):
-        if self._model_lock is None:
-            self._model_lock = asyncio.Lock()
-        async with self._model_lock:  # one load at a time; later sessions find it built
-            return await asyncio.get_running_loop().run_in_executor(None, self.anonymizer_for, method, privacy)
+    def loaded(self, method: str, privacy: str):
+        """The Anonymizer of a method and privacy point loaded before serving; a session asks only for
+        these (a load takes seconds of the GIL, and every other session's frames would be late meanwhile)."""
+        key = (method, privacy if method == "neural" else "")
+        if key not in self._anonymizers:
+            serves = ", ".join(" ".join(filter(None, k)) for k in self._anonymizers) or "nothing yet"
+            raise ProtocolError(f"this server has not loaded {' '.join(filter(None, key))} (it serves {serves}; "
+                                "its --method and --privacy choose)")
+        return self._anonymizers[key]
+
+    # -- the event loop's own stalls --------------------------------------------------------------
+    def _probe_stalls(self, asked: float) -> None:
+        """Adds up how much later than asked the loop wakes (a slow call, SIGSTOP): time in which a client's
+        frames waited at the server, not at the client, so the flood check does not count it against the
+        client. A timer callback, not a task: it runs in the same turn of the loop as the reads that end
+        the stall, before any session's task sees the frames they bring."""
+        now = self._loop.time()
+        if now - asked > STALL_MIN_S:  # a wake-up's usual jitter is not a stall
+            self.stalled_s += now - asked
+        self._probe = self._loop.call_at(now + STALL_PROBE_S, self._probe_stalls, now + STALL_PROBE_S)
 
     # -- the scheduler's answers -> each connection's outbox ---------------------------------------
     def _on_output(self, outputs) -> None:
@@ -121,11 +157,14 @@ class SessionHost:
 
     def refusal(self, headers, query, origin_self: str) -> tuple[int, str] | None:
         """Why a WebSocket request must be refused, as ``(HTTP status, reason)``, or None: no or a wrong
-        token (``Authorization: Bearer`` or ``?token=``), an ``Origin`` other than ``origin_self``, a full host."""
+        token (``Authorization: Bearer`` or ``?token=``), an ``Origin`` other than ``origin_self`` or more
+        than one, a full host."""
         if not self.token_ok(headers, query):
             return 401, "missing or wrong token"
-        origin = headers.get("Origin")
-        if origin is not None and origin != origin_self:
+        origins = _all(headers, "Origin")
+        if len(origins) > 1:
+            return 403, "more than one Origin header"
+        if origins and origins[0] != origin_self:
             return 403, "connections from other sites' pages are refused"
         if self.connections >= self.config.max_sessions:
             return 503, f"full ({self.config.max_sessions} sessions)"
@@ -134,6 +173,8 @@ class SessionHost:
     async def serve(self, conn: Connection, peer: str) -> None:
         """Runs one accepted connection's session to its end; logs one line when it ends."""
         self._loop = asyncio.get_running_loop()
+        if self._probe is None:
+            self._probe = self._loop.call_soon(self._probe_stalls, self._loop.time())
         self.connections += 1
         stream, sender, reason = None, None, "the client left"
         try:
@@ -145,7 +186,7 @@ class SessionHost:
             reason = await self._receive(conn, stream, box)
         except (ProtocolError, UserError) as exc:  # a broken rule; a bad identity
             reason = str(exc)
-            await conn.close(CLOSE_POLICY, printable(reason, 120))
+            await conn.close(CLOSE_POLICY, printable(reason, MAX_CLOSE_REASON_BYTES))
         except asyncio.TimeoutError:
             reason = f"no start message within {START_TIMEOUT_S:.0f} s"
             await conn.close(CLOSE_POLICY, reason)
@@ -179,7 +220,7 @@ class SessionHost:
             if method != "neural":
                 raise ProtocolError("start.identity is for the neural method")
             identity = PseudoSpeaker.from_json(start["identity"], "start.identity")
-        anonymizer = await self._anonymizer(method, privacy)
+        anonymizer = self.loaded(method, privacy)
         loop = asyncio.get_running_loop()
         session = await loop.run_in_executor(None, lambda: anonymizer.open_session(identity=identity))
         stream = StreamSession(session, f"{method}" + (f" {privacy}" if method == "neural" else ""))
@@ -192,16 +233,23 @@ class SessionHost:
         return stream
 
     async def _receive(self, conn: Connection, stream: StreamSession, box: asyncio.Queue) -> str:
-        """Reads the client until it leaves; returns why it ended (ProtocolError: it broke a rule)."""
+        """Reads the client until it leaves; returns why it ended (ProtocolError: it broke a rule).
+
+        Flooding is judged on the client's own clock: a token bucket of one frame per 20 ms and a burst,
+        whose cap grows by the time the event loop here was held up since the client's last frame (a frame
+        sent in real time that waited in the socket while this server stalled arrives in a burst with the
+        others, through no fault of the client). Control messages have a bucket of their own."""
         cfg = self.config
         frame_s = cfg.tick_ms / 1000.0
-        budget, t_last = float(cfg.burst_frames), time.monotonic()
+        budget, t_last, stalled_last = float(cfg.burst_frames), time.monotonic(), self.stalled_s
+        control, t_control = float(CONTROL_BURST), t_last
         while True:
             kind, data = await conn.receive()
             if kind == "bytes":
-                now = time.monotonic()  # token bucket: real time plus a burst
-                budget = min(cfg.burst_frames, budget + (now - t_last) / frame_s)
-                t_last = now
+                now = time.monotonic()
+                cap = cfg.burst_frames + (self.stalled_s - stalled_last) / frame_s
+                budget = min(budget + (now - t_last) / frame_s, max(cap, budget))
+                t_last, stalled_last = now, self.stalled_s
                 if budget < 1.0:
                     raise ProtocolError("frames arrive faster than real time (flooding)")
                 budget -= 1.0
@@ -210,6 +258,12 @@ class SessionHost:
                     raise ProtocolError("the client does not read its answers")
                 self.scheduler.push(stream, seq, samples)
             elif kind == "text":
+                now = time.monotonic()
+                control = min(float(CONTROL_BURST), control + (now - t_control) * CONTROL_PER_S)
+                t_control = now
+                if control < 1.0:
+                    raise ProtocolError(f"control messages faster than {CONTROL_PER_S:.0f} a second")
+                control -= 1.0
                 message = parse_control(data)
                 if message["type"] == "start":
                     raise ProtocolError("start was already sent")

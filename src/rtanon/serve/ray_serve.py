@@ -16,7 +16,7 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import PlainTextResponse
 
 from rtanon.paths import printable
-from rtanon.serve.host import CLOSE_POLICY, SessionHost
+from rtanon.serve.host import CLOSE_POLICY, SessionHost, close_reason
 from rtanon.serve.scheduler import realtime_process
 
 APP_NAME = "rtanon"
@@ -44,7 +44,7 @@ class _StarletteConnection:
 
     async def close(self, code: int, reason: str) -> None:
         try:
-            await self.ws.close(code=code, reason=reason[:120])
+            await self.ws.close(code=code, reason=close_reason(reason).decode("utf-8"))
         except RuntimeError:  # already closed
             pass
 
