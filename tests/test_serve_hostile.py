@@ -254,3 +254,35 @@ def test_over_long_headers_log_one_line_and_no_traceback(child):
     time.sleep(0.3)
     assert status in (400, 431)
     assert "Traceback" not in child.log() and len(child.log().splitlines()) - before <= 2
+
+
+def _rtanon_serve(*args: str, tmp: Path, until: str | None = None) -> tuple[int | None, str]:
+    """``rtanon serve ARGS`` in a child: its exit status and stderr, or (None, stderr up to ``until``) once it
+    has printed ``until`` (then it is stopped)."""
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "rtanon", "serve", *args], stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp)
+    try:
+        if until is None:
+            return proc.wait(60), proc.stderr.read()
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if until in line:
+                return None, "".join(lines)
+        return proc.wait(10), "".join(lines)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_prints_an_ipv6_address_in_brackets_and_refuses_a_directory_as_token_file(tmp_path):
+    code, err = _rtanon_serve("--token-file", str(tmp_path), tmp=tmp_path)
+    assert code == 2 and "is a directory" in err and len(err.strip().splitlines()) == 1, err
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    code, err = _rtanon_serve("--host", "::1", "--port", "0", "--method", "mcadams", "--token-file",
+                              str(tmp_path / "t"), tmp=tmp_path, until="listening on")
+    assert code is None and "listening on ws://[::1]:" in err and "the page: http://[::1]:" in err, err
