@@ -72,9 +72,8 @@ def register(sub) -> None:
 
 def read_token(path: str, say) -> str:
     """The token in ``path``; a new random one written there (0600) when it does not exist."""
-    from rtanon.paths import printable
-
     from rtanon.errors import CliError
+    from rtanon.paths import printable
 
     file = Path(path)
     if file.is_dir():
