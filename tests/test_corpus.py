@@ -372,3 +372,11 @@ def test_without_ray_the_run_goes_on_in_this_process_and_says_so_in_one_line(tmp
     assert proc.stderr.strip().splitlines() == [
         f"rtanon anonymize-dir: error: Ray is not installed: {install_hint('corpus')} (ray==2.60.0), or run in "
         "this process with --workers 0"]
+
+
+def test_a_manifest_nested_too_deep_is_refused_in_one_line(tmp_path, shared_data, anonymizer):
+    d, out = make_corpus(tmp_path, shared_data, 1), tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CorpusError, match="nested too deep"):
+        run(anonymizer, d, out)

@@ -267,3 +267,24 @@ def test_cli_identity_new_and_show(tmp_path, capsys):
         assert strategy in capsys.readouterr().out
     assert main(["identity", "new", "--strategy", "near", "--out", str(tmp_path / "n.json")]) == 2
     assert "--enroll" in capsys.readouterr().err
+
+
+def test_enroll_without_the_speaker_encoder_is_a_missing_tool(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import rtanon
+
+    import soundfile
+
+    wav = tmp_path / "me.wav"
+    soundfile.write(wav, np.zeros(16000, np.float32), 16000)
+    code = ("import sys; sys.modules['resemblyzer'] = None\n"  # as if it were not installed
+            "from rtanon.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "identity", "new", "--enroll", str(wav), "--out",
+                        str(tmp_path / "id.json")], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(Path(rtanon.__file__).parents[1]), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2, r.stderr
+    assert "resemblyzer" in r.stderr and "RTANON_EXTRAS=identity" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "id.json").exists()

@@ -212,6 +212,9 @@ def _load_json(path: Path, what: str) -> dict | None:
         return None
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # nested deeper than the parser goes: no file rtanon wrote
+        raise CorpusError(f"{printable(path)}: not a {what} (nested too deep); remove it or choose a new "
+                          "--out") from None
     except (OSError, ValueError) as exc:
         raise CorpusError(f"{path}: unreadable {what} ({exc}); remove it or choose a new --out") from None
     if not isinstance(d, dict):

@@ -80,7 +80,10 @@ def run_new(args: argparse.Namespace) -> int:
             from rtanon.audio_io import read_audio
             from rtanon.identity.encoder import make_encoder
 
-            enc = make_encoder()
+            try:
+                enc = make_encoder()
+            except ImportError as exc:  # a missing tool: exit 2 with the install line
+                raise CliError(f"--enroll: {exc}") from None
             user = np.stack([_embed(enc, read_audio(w), w) for w in args.enroll])  # in memory only
             identities = assign_identities(model, user, args.assignment, **kw)
             del user
