@@ -52,6 +52,9 @@ def register(sub) -> None:
                         "stream 2-20 s of speech and close (a third without a bye) at random for --serve-seconds; "
                         "checks the server's memory and descriptors and that no output repeats its own or "
                         "another session's input")
+    p.add_argument("--hostile", action="store_true",
+                   help="with --churn: bad clients beside the sessions (idle and header-trickling sockets, a stats "
+                        "flood, an unloaded method, another site's Host); it passes only if each was refused")
     p.add_argument("--no-network", action="store_true",
                    help="with --serve: measure the server's tick alone, in this process: --sessions sessions of "
                         "speech stepped together as the scheduler steps them (content, F0 and vocoder batched), "
@@ -91,13 +94,16 @@ def run_serve(args) -> int:
         return run_ticks(args, speech[0])
     engine = engine_args_of(args) + ([] if args.workers is None else ["--workers", str(args.workers)])
     start = {"method": args.method, "privacy": args.privacy}
+    if args.hostile and not args.churn:
+        raise CliError("--hostile goes with --churn: the bad clients run beside its sessions")
     if args.churn:
         from rtanon.serve.bench import run_churn
 
         print(f"rtanon serve, method {args.method}: sessions opening and closing at random for "
               f"{args.serve_seconds:.0f} s, at most {args.sessions} at once")
         sources = [speech[0], speech[0][::-1].copy()]  # the speech and its time reversal: two different signals
-        r = run_churn(engine, start, args.sessions, args.serve_seconds, sources, lambda t: print(t, flush=True))
+        r = run_churn(engine, start, args.sessions, args.serve_seconds, sources, lambda t: print(t, flush=True),
+                      hostile=args.hostile)
         print(f"churn: {r['sessions']} sessions in {r['seconds']:.0f} s (at most {r['concurrent']} at once, "
               f"{r['dropped_without_bye']} dropped without a bye), {r['sessions_failed']} failed, "
               f"{r['frames_unanswered']} of {r['frames_sent']} frames unanswered, {r['missed_deadlines']} missed "
@@ -105,6 +111,10 @@ def run_serve(args) -> int:
               f"the end; descriptors {r['fds_start']} before, {r['fds_end']} after; output vs own input "
               f"{r['max_own_xcorr']:.3f}, vs another session's input {r['max_cross_xcorr']:.3f} (a copy: 1); "
               f"{r['server_tracebacks']} tracebacks: {'PASS' if r['held'] else 'FAIL'}")
+        if "attacks" in r:
+            print("beside them: " + ", ".join(f"{k} {a['refused']} of {a['tried']} refused"
+                                              for k, a in r["attacks"].items())
+                  + f"; the server logged {r['server_log_lines']} lines")
         if args.json:
             _print_json(args, r)
         return 0 if r["held"] else 1

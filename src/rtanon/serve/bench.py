@@ -195,11 +195,13 @@ CHURN_RSS_GROWTH_MB = 30.0
 
 
 def run_churn(engine_args: list[str], start: dict, concurrent: int, seconds: float, speech: list[np.ndarray],
-              say) -> dict:
+              say, hostile: bool = False) -> dict:
     """Sessions opening and closing at random for ``seconds`` (at most ``concurrent`` at once, a third dropped
     without a bye), the server's memory and descriptors sampled every 10 s; every session's output checked
-    against its own input and against the input of a session beside it."""
-    from rtanon.serve.client import churn_run, churn_scores
+    against its own input and against the input of a session beside it. ``hostile``: bad clients beside them
+    (:func:`rtanon.serve.client.hostile_run`); the run holds only if every attack was refused and the honest
+    sessions held as without them."""
+    from rtanon.serve.client import churn_run, churn_scores, hostile_run
     from rtanon.soak import RAW_XCORR
 
     server = _Server(engine_args, max_sessions=concurrent + 2)
@@ -216,8 +218,13 @@ def run_churn(engine_args: list[str], start: dict, concurrent: int, seconds: flo
             say(f"{now:6.0f} s: {len(records)} sessions opened, server {rss:.0f} MB, {fds} descriptors")
 
     try:
-        records = asyncio.run(churn_run(server.url, server.token, concurrent, seconds, speech, start,
-                                        on_progress=progress))
+        async def both():
+            honest = churn_run(server.url, server.token, concurrent, seconds, speech, start, on_progress=progress)
+            if not hostile:
+                return await honest, None
+            return await asyncio.gather(honest, hostile_run(server.url, server.token, seconds, start))
+
+        records, attacks = asyncio.run(both())
         time.sleep(2.0)  # every session closed: what is left open is a leak
         rss_end, fds_end = _rss_mb_and_fds(pid)
     finally:
@@ -237,7 +244,11 @@ def run_churn(engine_args: list[str], start: dict, concurrent: int, seconds: flo
         "fds_start": fds0, "fds_end": fds_end, "max_own_xcorr": round(own, 3), "max_cross_xcorr": round(cross, 3),
         "server_tracebacks": log.count("Traceback"),
     }
+    if attacks is not None:
+        result["attacks"] = attacks
+        result["server_log_lines"] = len(log.splitlines())
     result["held"] = (not errors and result["frames_unanswered"] == 0 and fds_end <= fds0
                       and rss_end - rss_ref <= CHURN_RSS_GROWTH_MB and own < RAW_XCORR and cross < RAW_XCORR
-                      and result["server_tracebacks"] == 0)
+                      and result["server_tracebacks"] == 0
+                      and all(a["refused"] == a["tried"] for a in (attacks or {}).values()))
     return result

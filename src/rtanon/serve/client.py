@@ -351,3 +351,77 @@ def churn_scores(records: list[SessionRecord], window_s: float = 0.5) -> list[tu
                     cross = max(cross, max_xcorr(y[i:i + w], xo))
         scores.append((own, cross))
     return scores
+
+
+async def hostile_run(url: str, token: str, duration_s: float, start: dict, held_sockets: int = 12) -> dict:
+    """Bad clients beside a churn run until ``duration_s`` has passed, one after another: ``held_sockets``
+    TCP connections that never send a request (half of them trickling a header byte a second), kept at that
+    number as the server closes them; and in turn a session that sends 300 ``stats`` at once, a start for a
+    method the server has not loaded, and a WebSocket request with another site's Host. Returns what each
+    got: ``{attack: {"tried": n, "refused": n}}`` (refused: closed or answered as the server's rules say)."""
+    import aiohttp
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    host, port = where.hostname, where.port
+    tally = {k: {"tried": 0, "refused": 0} for k in ("idle_socket", "stats_flood", "unloaded_method", "rebind_host")}
+    t_end = time.monotonic() + duration_s
+    other = {"method": "neural" if start.get("method") == "mcadams" else "mcadams"}
+
+    async def idle(trickle: bool) -> None:
+        while time.monotonic() < t_end:
+            tally["idle_socket"]["tried"] += 1
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                await asyncio.sleep(1.0)
+                continue
+            closed = False
+            try:
+                for _ in range(15):  # past the server's handshake timeout
+                    if trickle:
+                        writer.write(b"G")
+                    try:
+                        await asyncio.wait_for(reader.read(1), 1.0)  # b"" (closed) or an answer (400): dealt with
+                        closed = True
+                        break
+                    except asyncio.TimeoutError:
+                        continue
+            except OSError:  # reset
+                closed = True
+            finally:
+                writer.close()
+            tally["idle_socket"]["refused"] += closed
+            await asyncio.sleep(0.2)
+
+    async def sessions() -> None:
+        auth = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < t_end:
+                tally["stats_flood"]["tried"] += 1
+                try:
+                    ws = await http.ws_connect(url, headers=auth)
+                    await ws.send_str(json.dumps({"type": "start", **start}))
+                    for _ in range(300):
+                        await ws.send_str(json.dumps({"type": "stats"}))
+                    while (await ws.receive(timeout=10)).type == aiohttp.WSMsgType.TEXT:
+                        pass
+                    tally["stats_flood"]["refused"] += ws.close_code == 1008
+                    tally["unloaded_method"]["tried"] += 1
+                    ws = await http.ws_connect(url, headers=auth)
+                    await ws.send_str(json.dumps({"type": "start", **other}))
+                    await ws.receive(timeout=10)
+                    tally["unloaded_method"]["refused"] += ws.close_code == 1008
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                tally["rebind_host"]["tried"] += 1
+                try:
+                    await http.ws_connect(url, headers={**auth, "Host": f"evil.example:{port}"})
+                except aiohttp.WSServerHandshakeError as exc:
+                    tally["rebind_host"]["refused"] += exc.status == 403
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(3.0)
+
+    await asyncio.gather(*(idle(i % 2 == 1) for i in range(held_sockets)), sessions())
+    return tally
