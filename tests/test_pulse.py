@@ -4,6 +4,7 @@ runs on PulseAudio and on PipeWire (pipewire, wireplumber and pipewire-pulse, as
 each started privately; a server that cannot start here skips its tests with the reason."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -84,6 +85,35 @@ def test_virtual_device_create_status_remove(daemon):
     assert _rtanon(daemon.env, "virtual-device", "status").returncode == 0
     assert _rtanon(daemon.env, "virtual-device", "remove").returncode == 0
     assert "rtanon_mic" not in daemon.pactl("list", "short", "sources")
+
+
+def test_devices_lists_the_sources_and_sinks_to_pass(daemon):
+    """`rtanon devices` lists the sound server's sources and sinks with the `pulse:NAME` to pass, marks the
+    defaults and the virtual microphone, and `--json` is JSON alone on stdout."""
+    daemon.load_null_sink("headset", RATE)
+    try:
+        assert _rtanon(daemon.env, "virtual-device", "create").returncode == 0
+        proc = _rtanon(daemon.env, "devices")
+        assert proc.returncode == 0, proc.stderr
+        assert re.search(r"^\s+pulse:headset\.monitor\s+Monitor of", proc.stdout, re.M), proc.stdout
+        assert re.search(r"^\s+pulse:rtanon_mic\s+rtanon\s+\[.*virtual microphone", proc.stdout, re.M), proc.stdout
+        listing = json.loads(_rtanon(daemon.env, "devices", "--json").stdout)
+        sinks = {s["name"]: s for s in listing["pulse"]["sinks"]}
+        assert sinks["headset"]["pass"] == "pulse:headset" and sinks["rtanon_sink"]["rtanon"]
+        assert [s["name"] for s in sinks.values() if s["default"]] == [daemon.pactl("get-default-sink").strip()]
+        assert listing["virtual_mic"] and any(d["name"] == "pulse" for d in listing["portaudio"])
+    finally:
+        _rtanon(daemon.env, "virtual-device", "remove")
+
+
+def test_live_into_the_virtual_microphone_before_it_exists(daemon):
+    """`--output rtanon` before `rtanon virtual-device create`: one line that says to run it, before any
+    model loads (no ALSA noise, no "cannot open the output device" after the neural voice loaded)."""
+    _rtanon(daemon.env, "virtual-device", "remove")
+    proc = _rtanon(daemon.env, "live", "--output", "rtanon", "--duration", "1", "--method", "neural")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip().splitlines() == ["rtanon live: error: --output rtanon: the rtanon virtual microphone "
+                                               "does not exist yet; run `rtanon virtual-device create` first"]
 
 
 @pytest.mark.parametrize("source", ["rtanon", "pulse:rtanon_sink.monitor", "default"])

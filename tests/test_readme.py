@@ -130,7 +130,7 @@ def check_devices(argv, demo, request):
     env = request.getfixturevalue("pulse").env
     proc = _run(argv, env, demo.work)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"^\D*\d+ pulse", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^\s*\d+\s+pulse\s", proc.stdout, re.M), proc.stdout
 
 
 def check_virtual_device(argv, demo, request):
@@ -142,7 +142,7 @@ def check_virtual_device(argv, demo, request):
 
 def _an_input_index(env, cwd) -> str:
     listing = _run(["devices"], env, cwd).stdout
-    m = re.search(r"^\D*(\d+) pulse, .*\((\d+) in", listing, re.M)
+    m = re.search(r"^\s*(\d+)\s+pulse\s+\((\d+) in", listing, re.M)
     assert m and int(m.group(2)) > 0, listing
     return m.group(1)
 

@@ -482,10 +482,13 @@ def resolve_device(spec: str | None, kind: str) -> tuple[int | str | None, dict[
         sd.query_devices(spec, kind)
         return spec, {}
     except ValueError as exc:
-        if spec == "rtanon" and kind == "output":
-            return "pulse", {env_var: pulse.SINK_NAME}
-        if spec == "rtanon" and kind == "input":
-            return "pulse", {env_var: pulse.SOURCE_NAME}
+        if spec == "rtanon":
+            ours = pulse.SINK_NAME if kind == "output" else pulse.SOURCE_NAME
+            names = _pulse_names("sinks" if kind == "output" else "sources")
+            if names is not None and ours not in names:
+                raise DeviceError(f"{option} rtanon: the rtanon virtual microphone does not exist yet; run "
+                                  "`rtanon virtual-device create` first") from None
+            return "pulse", {env_var: ours}
         raise DeviceError(f"{option} {spec}: {exc}; `rtanon devices` lists the devices") from None
 
 

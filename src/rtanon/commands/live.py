@@ -69,10 +69,10 @@ def run(args) -> int:
         return run_ui(args, settings)
     if args.monitor is not None or args.no_browser:
         raise CliError("--monitor and --no-browser go with --ui")
-    from rtanon.live import resolve_device, run_live
+    from rtanon.live import refuse_feedback, resolve_device, run_live
 
-    for spec, kind in ((args.input, "input"), (args.output, "output")):
-        resolve_device(spec, kind)  # before the models load: a missing device is a quick one-line error
+    # before the models load: a missing device or a loop is a quick one-line error
+    refuse_feedback(*resolve_device(args.input, "input"), *resolve_device(args.output, "output"))
     if not 0.05 <= args.status_interval <= 60:
         raise CliError(f"--status-interval {args.status_interval}: use 0.05 to 60 seconds")
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
