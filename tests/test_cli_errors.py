@@ -218,3 +218,56 @@ def test_a_missing_extra_is_named_by_the_extra_that_installs_it():
     assert extra_providing("pyworld") == "identity"  # from pyworld-prebuilt
     assert extra_providing("numpy") is None and extra_providing("rtanon") is None
     assert extra_providing("onnxruntime", "eval") is None  # a base dependency, whatever extras repeat it
+
+
+def _no_model(monkeypatch):
+    """Any attempt to build the engine fails the test: an output error must come before the models load."""
+    import rtanon.engine
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    monkeypatch.setattr(rtanon.engine, "Anonymizer", refuse)
+
+
+@pytest.mark.parametrize("case", ["no-folder", "same-as-input", "extension", "fifo", "dev-null"])
+def test_file_output_errors_come_before_the_model_loads(tmp_path, monkeypatch, capsys, case):
+    from rtanon.cli import main
+
+    _no_model(monkeypatch)
+    src = tmp_path / "in.wav"
+    sf.write(src, np.zeros(RATE, np.float32), RATE)
+    out = {"no-folder": tmp_path / "missing" / "out.wav", "same-as-input": src, "extension": tmp_path / "out.xyz",
+           "fifo": tmp_path / "pipe.wav", "dev-null": Path("/dev/null")}[case]
+    if case == "fifo":
+        os.mkfifo(out)
+    assert main(["file", str(src), str(out), "--method", "neural"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rtanon file: error: ") and err.count("\n") == 1, err
+
+
+def test_demo_output_errors_come_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from rtanon.cli import main
+
+    _no_model(monkeypatch)
+    assert main(["demo", "--out", str(tmp_path / "missing" / "demo.wav")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_slow_load_is_announced(monkeypatch, capsys):
+    """Loading longer than LOADING_NOTICE_S prints one line on stderr; a quick one prints nothing."""
+    import argparse
+    import time
+
+    import rtanon.engine
+    from rtanon.commands import _common
+
+    monkeypatch.setattr(_common, "LOADING_NOTICE_S", 0.05)
+    args = argparse.Namespace(method="neural", chunk_ms=20)
+    monkeypatch.setattr(rtanon.engine, "Anonymizer", lambda cfg: time.sleep(0.5) or "engine")
+    assert _common.anonymizer_from_args(args) == "engine"
+    assert capsys.readouterr().err == "loading the neural voice...\n"
+    monkeypatch.setattr(rtanon.engine, "Anonymizer", lambda cfg: "engine")
+    _common.anonymizer_from_args(args)
+    time.sleep(0.2)
+    assert capsys.readouterr().err == ""

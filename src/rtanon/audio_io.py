@@ -22,7 +22,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from rtanon.atomic import atomic_path
+from rtanon.atomic import atomic_path, check_target
 from rtanon.constants import SAMPLE_RATE_HZ
 from rtanon.errors import RunFailed, UserError, raise_if_interrupted
 from rtanon.paths import check_regular
@@ -178,22 +178,15 @@ class AudioWriter:
         self.path = Path(path)
         self.sample_rate_hz = int(sample_rate_hz)
         self._frames = frames  # exact output length, when known
-        fmt = self.path.suffix.lower().lstrip(".")
-        if fmt.upper() not in sf.available_formats():
-            raise AudioFileError(f"{self.path}: unknown output format {fmt!r}; use .wav, .flac or .ogg")
-        self._format = fmt.upper()
+        self._format = _output_format(self.path)
         self._resampler = None
         if self.sample_rate_hz != SAMPLE_RATE_HZ:
             self._resampler = soxr.ResampleStream(SAMPLE_RATE_HZ, self.sample_rate_hz, 1, dtype="float32")
         self.frames_written = 0
 
     def __enter__(self) -> "AudioWriter":
-        directory = self.path.parent if str(self.path.parent) else Path(".")
-        if not directory.is_dir():
-            raise AudioFileError(f"{self.path}: folder {directory} does not exist")
-        subtype = "PCM_16" if self._format in ("WAV", "FLAC") else None
-        if not sf.check_format(self._format, subtype):
-            raise AudioFileError(f"{self.path}: libsndfile cannot write {self._format} here")
+        check_output(self.path)
+        subtype = _SUBTYPES.get(self._format)
         self._stack = ExitStack()
         tmp = self._stack.enter_context(atomic_path(self.path))
         try:
@@ -239,6 +232,34 @@ class AudioWriter:
         self._stack.__exit__(exc_type, exc, tb)  # closes the file, then renames or removes it
 
 
+_SUBTYPES = {"WAV": "PCM_16", "FLAC": "PCM_16"}
+
+
+def _output_format(path: Path) -> str:
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt.upper() not in sf.available_formats():
+        raise AudioFileError(f"{path}: unknown output format {fmt!r}; use .wav, .flac, .ogg or .mp3")
+    return fmt.upper()
+
+
+def check_output(path: str | os.PathLike, src: str | os.PathLike | None = None) -> None:
+    """Raises AudioFileError (or the atomic writer's OutputPathError) when ``path`` cannot be written as
+    an audio file: an unknown extension, a missing folder, a target that is no regular file (a FIFO,
+    ``/dev/null``), or the input ``src`` itself. Cheap: commands call it before any model loads."""
+    path = Path(path)
+    fmt = _output_format(path)
+    if not sf.check_format(fmt, _SUBTYPES.get(fmt)):
+        raise AudioFileError(f"{path}: libsndfile cannot write {fmt} here")
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise AudioFileError(f"{path}: folder {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise AudioFileError(f"{path}: folder {directory} is not writable (read-only or not yours); name another")
+    if src is not None and path.resolve() == Path(src).resolve():
+        raise AudioFileError(f"{path}: output would overwrite the input; choose another path")
+    check_target(path)
+
+
 def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, progress=None) -> AudioInfo:
     """Runs ``src`` through ``session`` chunk by chunk, exactly as the live path
     would (minus its delay), and writes ``dst`` atomically at ``src``'s sample
@@ -247,8 +268,7 @@ def anonymize_file(session, src: str | os.PathLike, dst: str | os.PathLike, prog
     failed (the output would be comfort noise only) it raises RunFailed and
     writes nothing."""
     info = probe(src)
-    if Path(dst).resolve() == info.path.resolve():
-        raise AudioFileError(f"{dst}: output would overwrite the input; choose another path")
+    check_output(dst, info.path)
 
     def blocks():
         for block in read_blocks(src):

@@ -79,10 +79,28 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
                    neural=neural)
 
 
+#: Loading that takes longer than this is announced on stderr.
+LOADING_NOTICE_S = 1.0
+
+
 def anonymizer_from_args(args: argparse.Namespace):
+    """The Anonymizer the options ask for; while the neural voice loads for more than LOADING_NOTICE_S (it
+    takes seconds), one line on stderr says so. Check the outputs before calling this."""
+    import sys
+    import threading
+
     from rtanon.engine import Anonymizer
 
-    return Anonymizer(config_from_args(args))
+    if args.method != "neural":  # McAdams loads in a moment
+        return Anonymizer(config_from_args(args))
+    notice = threading.Timer(LOADING_NOTICE_S, lambda: print("loading the neural voice...", file=sys.stderr,
+                                                             flush=True))
+    notice.daemon = True
+    notice.start()
+    try:
+        return Anonymizer(config_from_args(args))
+    finally:
+        notice.cancel()
 
 
 def import_sounddevice():
@@ -94,3 +112,16 @@ def import_sounddevice():
     except OSError as exc:
         raise CliError(f"PortAudio is missing ({exc}); install it: sudo apt-get install libportaudio2") from None
     return sounddevice
+
+
+def invoked_as() -> str:
+    """How the user ran rtanon, for the commands a hint tells them to run next: ``sys.argv[0]`` when it
+    is a path to the ``rtanon`` script (``.venv/bin/rtanon``: not on PATH), else ``rtanon``."""
+    import os
+    import shlex
+    import sys
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.sep in argv0 and os.path.basename(argv0) == "rtanon":
+        return shlex.quote(argv0)
+    return "rtanon"

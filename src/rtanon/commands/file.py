@@ -13,8 +13,8 @@ def register(sub) -> None:
                     "and length, mono; it is written atomically and IN is never modified. Any rate, "
                     "channel count and sample format libsndfile reads is accepted; long files stream "
                     "in constant memory.")
-    p.add_argument("input", metavar="IN", help="input audio file (wav, flac, ogg)")
-    p.add_argument("output", metavar="OUT", help="output audio file; format from the extension")
+    p.add_argument("input", metavar="IN", help="input audio file (wav, flac, ogg, mp3: what libsndfile reads)")
+    p.add_argument("output", metavar="OUT", help="output audio file; format from the extension (.wav, .flac, .ogg, .mp3)")
     add_engine_args(p)
     add_seed_arg(p)
     p.set_defaults(func=run)
@@ -25,14 +25,16 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
-    from rtanon.audio_io import anonymize_file, probe
+    from rtanon.audio_io import anonymize_file, check_output, probe
+    from rtanon.methods import voice_sentence
 
     info = probe(args.input)
+    check_output(args.output, info.path)  # before the models load: a bad output is a quick error
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
     with tqdm(total=round(info.seconds, 1), unit="s", desc="anonymizing", disable=info.seconds < 30,
               file=sys.stderr) as bar:
         anonymize_file(session, args.input, args.output, progress=lambda s: bar.update(round(s, 2)))
     c = session.counters
-    print(f"wrote {args.output}: {info.seconds:.2f} s at {info.sample_rate_hz} Hz, voice {session.voice}, "
+    print(f"wrote {args.output}: {info.seconds:.2f} s at {info.sample_rate_hz} Hz, voice: {voice_sentence(session.voice)}, "
           f"speech chunks {c.speech_chunks}/{c.chunks}, stage errors {c.stage_errors}")
     return 0
