@@ -46,3 +46,27 @@ def test_a_short_soak_survives_every_fault_without_raw_voice(speech_paths, tmp_p
     assert r["rss_mb"]["growth"] < TARGETS["rss_growth_mb"], r["rss_mb"]
     assert 0 < r["delay_ms"]["median_all"] < 1000, r["delay_ms"]
     assert r["status_delay_measured"] is True  # PulseAudio reports its delay through PortAudio
+
+
+def test_a_report_without_fault_free_windows_prints_no_nan():
+    """`soak --duration 60` had no fault-free windows at both ends: the report printed `median nan ms` and
+    `drift +nan ms`; it says that the figure is missing and why."""
+    from rtanon.soak import format_report
+
+    nan = float("nan")
+    report = {
+        "method": "mcadams", "duration_s": 60.0, "live_exit_code": 0,
+        "delay_ms": {"median": nan, "median_all": 80.0, "first_median": None, "last_median": None, "drift": nan,
+                     "edge_s": 60.0},
+        "status_delay_ms": 75, "status_delay_measured": True,
+        "counters": dict.fromkeys(("missed_deadlines", "input_overflows", "output_underflows", "stage_errors",
+                                   "worker_errors", "input_reopens", "output_reopens", "output_stuck"), 0),
+        "rss_mb": {"first_median": None, "last_median": None, "growth": nan, "max": 300.0},
+        "xcorr": {"max": nan, "max_fault_free": None, "max_in_faults": None, "windows": 0, "limit": 0.5,
+                  "fault_free_reference": None, "fault_windows_over_limit": 0, "raw_windows": 0},
+        "delay_step_after_fault_ms": {}, "recorders": {}, "onset_lag_fault_free_s": 0.0, "faults": [],
+        "targets": {"drift_ms<5": None},
+    }
+    text = format_report(report)
+    assert "nan" not in text.lower(), text
+    assert "not enough fault-free windows" in text and "median - ms fault-free" in text, text

@@ -28,6 +28,7 @@ import soxr
 from rtanon._core import RingBuffer
 from rtanon.config import SAMPLE_RATE_HZ, ConfigError
 from rtanon.engine import Session
+from rtanon.methods import voice_sentence
 from rtanon.pulse_stream import PulseStreamError
 
 
@@ -851,8 +852,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
         t_start = time.monotonic()  # the duration counts from the open streams, not the (slow) opening
         t_end = None if duration_s is None else t_start + duration_s
         print(f"{name}: running, {in_rate} Hz in, {out_rate} Hz out, device latency "
-              f"{1000 * inp.latency_s:.0f}+{1000 * out.latency_s:.0f} ms, voice {session.voice}; "
-              "Ctrl-C stops", file=sys.stderr, flush=True)
+              f"{1000 * inp.latency_s:.0f}+{1000 * out.latency_s:.0f} ms, voice: "
+              f"{voice_sentence(session.voice)}; Ctrl-C stops", file=sys.stderr, flush=True)
         next_status, marks = 0.0, {}
         while t_end is None or time.monotonic() < t_end:
             time.sleep(WATCH_INTERVAL_S if t_end is None else min(WATCH_INTERVAL_S,

@@ -34,6 +34,7 @@ from rtanon.engine import Anonymizer, Session
 from rtanon.errors import UserError
 from rtanon.live import (WATCH_INTERVAL_S, DeviceStream, LiveConfig, LiveCore, pick_rate, pulse_presence,
                          refuse_feedback, resolve_device, server_latency, watch_streams)
+from rtanon.methods import voice_sentence as describe_voice
 from rtanon.paths import printable, read_capped
 
 SETTINGS_NAME = "live-ui.json"
@@ -100,21 +101,6 @@ def save_settings(settings: LiveSettings, path: Path | None = None) -> None:
     path = path or settings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(asdict(settings), indent=1) + "\n")
-
-
-def describe_voice(voice: dict) -> str:
-    """One short line about a session's pseudo-voice."""
-    if voice.get("method") == "mcadams":
-        text = f"McAdams, coefficient {voice['alpha']:.3f}"
-    elif voice.get("method") == "neural":
-        gender = {"f": "female", "m": "male"}.get(voice.get("gender"), str(voice.get("gender", "")))
-        tag = f" {voice['tag']}" if "tag" in voice else ""
-        text = f"{gender} pseudo-speaker{tag}, median F0 {voice.get('median_f0_hz', 0):.0f} Hz"
-    else:
-        text = ", ".join(f"{k} {v}" for k, v in voice.items())
-    if "identity" in voice:
-        text += " (pinned by an identity file)"
-    return text
 
 
 class LiveControl:

@@ -126,3 +126,18 @@ METHODS: dict[str, Callable[[AnonymizerConfig], Method]] = {
     "neural": NeuralMethod,
 }
 assert tuple(METHODS) == METHOD_NAMES, "register every method of rtanon.config.METHOD_NAMES here, in order"
+
+
+def voice_sentence(voice: dict) -> str:
+    """A session's pseudo-voice (``Session.voice``) in a few words, as the CLI and the control page print it."""
+    if voice.get("method") == "mcadams":
+        text = f"McAdams, coefficient {voice['alpha']:.3f}"
+    elif voice.get("method") == "neural":
+        gender = {"f": "female", "m": "male"}.get(voice.get("gender"), str(voice.get("gender", "")))
+        tag = f" {voice['tag']}" if "tag" in voice else ""
+        text = f"{gender} pseudo-speaker{tag}, median F0 {voice.get('median_f0_hz', 0):.0f} Hz"
+    else:
+        text = ", ".join(f"{k} {v}" for k, v in voice.items())
+    if "identity" in voice:
+        text += " (pinned by an identity file)"
+    return text

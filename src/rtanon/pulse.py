@@ -50,7 +50,7 @@ def _pactl(args: list[str], env: dict | None = None) -> str:
                          "(works with PulseAudio and PipeWire-pulse)")
     proc = subprocess.run(["pactl", *args], capture_output=True, text=True, env=env, timeout=20)
     if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip()
+        msg = "; ".join(line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip())
         raise PulseError(f"pactl {' '.join(args)} failed: {msg or 'no sound server?'} "
                          "(is PulseAudio or PipeWire-pulse running for this user?)")
     return proc.stdout

@@ -471,24 +471,31 @@ def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
     return report
 
 
-def _f(v, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+def _f(v, digits: int = 1, sign: bool = False, missing: str = "-") -> str:
+    """A figure, or ``missing`` where there is none (None, or NaN: no window to take it from)."""
+    if v is None or not np.isfinite(v):
+        return missing
+    return f"{v:{'+' if sign else ''}.{digits}f}"
 
 
 def format_report(r: dict) -> str:
     d, c, m, xc = r["delay_ms"], r["counters"], r["rss_mb"], r["xcorr"]
     lines = [
         f"soak: method {r['method']}, {r['duration_s']:.0f} s, live exit code {r['live_exit_code']}",
-        f"end-to-end delay: median {d['median']:.1f} ms fault-free, {d['median_all']:.1f} ms in all windows; "
-        f"first {d['edge_s']:.0f} s {_f(d['first_median'])} ms, last {d['edge_s']:.0f} s {_f(d['last_median'])} ms, drift {d['drift']:+.1f} ms "
+        f"end-to-end delay: median {_f(d['median'])} ms fault-free, {_f(d['median_all'])} ms in all "
+        f"windows; first {d['edge_s']:.0f} s {_f(d['first_median'])} ms, last {d['edge_s']:.0f} s "
+        f"{_f(d['last_median'])} ms, drift "
+        + (f"{d['drift']:+.1f} ms " if np.isfinite(d["drift"]) else "not measured ")
+        + ("" if np.isfinite(d["median"]) and np.isfinite(d["drift"]) else
+           "(not enough fault-free windows; a longer --duration gives them) ") +
         f"(status line: {r['status_delay_ms']} ms, {'server-reported' if r['status_delay_measured'] else 'estimated'})",
         f"missed deadlines {c['missed_deadlines']}, xruns {(c['input_overflows'] or 0) + (c['output_underflows'] or 0)}"
         f" (in {c['input_overflows']}, out {c['output_underflows']}), stage errors {c['stage_errors']}, worker errors "
         f"{c['worker_errors']}, reopened input {c['input_reopens']} / output {c['output_reopens']} times "
         f"(output stuck without callbacks {c.get('output_stuck')})",
         f"resident memory: first {_f(m['first_median'])} MB, last {_f(m['last_median'])} MB, growth "
-        f"{m['growth']:+.1f} MB, max {_f(m['max'])} MB",
-        f"max normalised cross-correlation output vs microphone: {xc['max']:.3f} over {xc['windows']} windows "
+        f"{_f(m['growth'], sign=True, missing='not measured (too short a run)')} MB, max {_f(m['max'])} MB",
+        f"max normalised cross-correlation output vs microphone: {_f(xc['max'], 3)} over {xc['windows']} windows "
         f"(fault-free {_f(xc['max_fault_free'], 3)}, during/after faults {_f(xc['max_in_faults'], 3)}); raw-voice "
         f"limit for fault windows {xc['limit']:.3f} ("
         + (f"fault-free p{XCORR_PERCENTILE:g} {xc['fault_free_reference']:.3f} + {XCORR_MARGIN:g}"

@@ -24,27 +24,32 @@ def run(args) -> int:
 
     import numpy as np
 
-    from rtanon.audio_io import AudioWriter, read_audio
-    from rtanon.commands._common import anonymizer_from_args, identity_from_args
+    from rtanon.audio_io import AudioWriter, check_output, read_audio
+    from rtanon.commands._common import anonymizer_from_args, identity_from_args, invoked_as
     from rtanon.config import SAMPLE_RATE_HZ
+    from rtanon.methods import voice_sentence
     from rtanon.resources import demo_speech_path
 
+    out = Path(args.out)
+    orig = out.with_name(out.stem + "-original" + out.suffix)
+    for path in (orig, out):
+        check_output(path)  # before the models load
     with demo_speech_path() as src:
         x = read_audio(src)
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
     t0 = time.perf_counter()
     y = session.process_signal(x)
     seconds = time.perf_counter() - t0
-    out = Path(args.out)
-    orig = out.with_name(out.stem + "-original" + out.suffix)
     for path, sig in ((orig, x), (out, y)):
         with AudioWriter(path) as w:
             w.write(sig)
     audio_s = len(x) / SAMPLE_RATE_HZ
     corr = float(np.corrcoef(x, y)[0, 1])
-    print(f"method {args.method}, voice {session.voice}")
+    print(f"method {args.method}, voice: {voice_sentence(session.voice)}")
     print(f"wrote {out} (anonymized) and {orig} (original), {audio_s:.2f} s each")
     print(f"algorithmic latency {1000 * session.algorithmic_latency_samples / SAMPLE_RATE_HZ:.1f} ms, "
           f"real-time factor {seconds / audio_s:.3f}, waveform correlation with the original {corr:+.2f}")
-    print("next: `rtanon virtual-device create`, then `rtanon live --input <mic> --output rtanon`")
+    rtanon = invoked_as()
+    print(f"next: `{rtanon} virtual-device create`, then `{rtanon} live --input <mic> --output rtanon` "
+          f"(`{rtanon} devices` names your microphone)")
     return 0

@@ -56,7 +56,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"portaudio": portaudio, "pulse": server, "virtual_mic": virtual}))
     else:
-        print("PortAudio devices (--input/--output INDEX or a part of the NAME):")
+        print("PortAudio devices (--input/--output INDEX or a part of the NAME):" + ("" if portaudio else " none"))
         for d in portaudio:
             marks = [m for m, on in (("default input", d["default_input"]), ("default output", d["default_output"]))
                      if on]

@@ -18,6 +18,7 @@ def run(args) -> int:
     import sys
 
     from rtanon import pulse
+    from rtanon.commands._common import invoked_as
     from rtanon.errors import CliError
 
     if not sys.platform.startswith("linux"):
@@ -27,7 +28,7 @@ def run(args) -> int:
         if args.action == "create":
             st = pulse.create()
             print(f"virtual microphone '{pulse.SOURCE_DESCRIPTION}' ({pulse.SOURCE_NAME}) ready; "
-                  f"now run: rtanon live --input <mic> --output rtanon")
+                  f"now run: {invoked_as()} live --input <mic> --output rtanon")
             return 0 if st.ready else 1
         if args.action == "remove":
             print(f"removed {pulse.remove()} module(s)")
