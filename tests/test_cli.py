@@ -1,6 +1,7 @@
 """The rtanon command line: help, demo, bench JSON, anonymize-dir."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -141,3 +142,30 @@ def test_live_with_a_missing_device_fails_with_a_hint():
     proc = _run("live", "--input", "no-such-microphone-xyz", "--duration", "1")
     assert proc.returncode == 2
     assert "rtanon live: error" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_prints_the_voice_and_next_steps_for_the_user(tmp_path, monkeypatch, capsys):
+    """The voice as a sentence, not a Python dict, and the next commands as the user invoked rtanon
+    (`.venv/bin/rtanon` is on no PATH)."""
+    import sys
+
+    from rtanon.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["/opt/x/.venv/bin/rtanon"])
+    assert main(["demo", "--method", "mcadams", "--seed", "1", "--out", str(tmp_path / "d.wav")]) == 0
+    out = capsys.readouterr().out
+    assert "voice: McAdams, coefficient 0." in out and "{" not in out, out
+    assert "next: `/opt/x/.venv/bin/rtanon virtual-device create`, then `/opt/x/.venv/bin/rtanon live" in out, out
+
+
+def test_a_sound_server_error_is_one_line():
+    """pactl's two lines of error were printed with a literal \\n between them."""
+    import shutil
+
+    from rtanon import pulse
+
+    if shutil.which("pactl") is None:
+        pytest.skip("needs pactl")
+    with pytest.raises(pulse.PulseError) as err:
+        pulse.status({"PATH": os.environ["PATH"], "PULSE_SERVER": "unix:/nonexistent/rtanon-test"})
+    assert "\n" not in str(err.value) and "Connection" in str(err.value), str(err.value)
