@@ -21,7 +21,7 @@ Runs on Ray: by default a local Ray started in this process with one worker per 
 existing cluster with --ray-address (inputs and outputs must then be on a path every node sees). Each
 worker loads the models once and anonymizes batches of utterances; with the neural method on
 --accelerator cuda|auto and GPUs in the cluster, each worker takes a GPU share for the vocoder.
-Without Ray installed (it is the [corpus] extra: pip install 'rtanon[corpus]'), the run goes on in this
+Without Ray installed (it is the [corpus] extra: RTANON_EXTRAS=corpus ./setup.sh), the run goes on in this
 process and says so in one line; --workers 0 runs in this process on purpose.
 
 Resumable: every output is written atomically and recorded in OUT/manifest.json (utterance id, input
@@ -30,7 +30,8 @@ a crash or kill: it verifies and skips what is done, redoes what changed, and gi
 utterances the same voices (kept in OUT/run.json). A failing utterance is reported by id and listed in
 OUT/failed; the others go on.
 
-Pseudo-speakers (paper 000 Sec. IV): --assignment speaker gives each original speaker one pseudo-voice
+Pseudo-speakers (Srivastava et al., "Privacy and utility of x-vector based speaker anonymization", 2022,
+Sec. IV): --assignment speaker gives each original speaker one pseudo-voice
 for all their utterances, utterance a new one per utterance. Voices come from the OS random source, so
 two runs are unlinkable, unless --seed pins them. OUT/spk2pseudo (and utt2pseudo) map the original
 speakers to pseudo-speaker ids: with run.json and manifest.json they are the key that links the release

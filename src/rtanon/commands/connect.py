@@ -115,7 +115,10 @@ def run(args) -> int:
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        raise CliError("rtanon connect needs aiohttp: pip install 'rtanon[ui]' (no models needed)") from None
+        from rtanon.errors import install_hint
+
+        raise CliError(f"rtanon connect needs aiohttp, of the [ui] extra (no models needed): {install_hint('ui')}") \
+            from None
     from rtanon.serve.remote import RemoteConfig, RemoteSession
     if not 0.05 <= args.status_interval <= 60:
         raise CliError(f"--status-interval {args.status_interval}: use 0.05 to 60 seconds")

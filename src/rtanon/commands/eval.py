@@ -14,7 +14,8 @@ def register(sub) -> None:
         description="Anonymizes KALDI_DIR with the method and with the McAdams baseline, then measures privacy "
                     "(EER, Cllr, min Cllr, linkability, closed-set rank and top-k; DeID and GVD from voice "
                     "similarity matrices) against ignorant, lazy-informed and semi-informed attackers and the "
-                    "slicing attacker of paper 004: the semi-informed one on the corpus cut between words into "
+                    "slicing attacker of Maouche et al., 'Enhancing speech privacy with slicing' (2022): the "
+                    "semi-informed one on the corpus cut between words into "
                     "slices of about 1 s, as a publisher would release it (word timings from Whisper on the "
                     "original audio). Utility: WER with Whisper tiny.en (and Whisper base with --asr tiny.en,base), "
                     "the phone error rate (hama's phone recognizer against the transcript's canonical phones) and "
@@ -35,7 +36,7 @@ def register(sub) -> None:
     p.add_argument("--enroll-utts", type=int, default=d.enroll_utts,
                    help=f"enrolment utterances per evaluated speaker (default: {d.enroll_utts})")
     p.add_argument("--slice-seconds", type=float, default=d.slice_seconds, metavar="DELTA",
-                   help=f"target slice duration of the slicing attacker (paper 004 Algorithm 1; default: "
+                   help=f"target slice duration of the slicing attacker (Maouche et al. 2022, Algorithm 1; default: "
                         f"{d.slice_seconds:g} s, the paper's choice); slices end between words and last at least "
                         "DELTA. 0 leaves the slicing attacker out (it costs a Whisper word alignment of the original "
                         "utterances and one embedding per slice)")

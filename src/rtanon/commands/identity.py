@@ -14,8 +14,11 @@ def register(sub) -> None:
                                    "one on purpose, to pin it with --identity FILE.")
     ps = p.add_subparsers(dest="identity_command", metavar="ACTION", required=True)
     n = ps.add_parser("new", help="make a pseudo-speaker and write it as JSON",
-                      description="Strategies: random/near/far/dense/sparse average N* pool speakers (paper 000); "
-                                  "gmm samples a new voice from a PCA+GMM of the pool (paper 003). near, far, "
+                      description="Strategies: random/near/far/dense/sparse average N* pool speakers "
+                                  "(Srivastava et al., 'Privacy and utility of x-vector based speaker "
+                                  "anonymization', 2022); gmm samples a new voice from a PCA+GMM of the pool "
+                                  "(Turner et al., 'Generating identities with mixture models for speaker "
+                                  "anonymization', 2022). near, far, "
                                   "forced dissimilarity and --gender same/opposite need your voice: --enroll WAV "
                                   "(used in memory only; your embedding is never written).")
     n.add_argument("--strategy", default="gmm", choices=PROXIMITIES + ("gmm",), help="default: gmm")
@@ -36,12 +39,14 @@ def register(sub) -> None:
     s = ps.add_parser("show", help="describe an identity file")
     s.add_argument("file", metavar="FILE")
     s.set_defaults(func=run_show)
-    r = ps.add_parser("report", help="diversity of each strategy's identities vs real voices (paper 003 Fig. 2)")
+    r = ps.add_parser("report", help="diversity of each strategy's identities vs real voices (Turner et al. "
+                                     "2022, Fig. 2)")
     r.add_argument("-n", type=int, default=200, help="identities per strategy (default: 200)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--pool", metavar="FILE")
     r.set_defaults(func=run_report)
-    h = ps.add_parser("search", help="paper 003 hyper-parameter search: KS and entropy over PCA variance x GMM size")
+    h = ps.add_parser("search", help="Turner et al. 2022's hyper-parameter search: KS and entropy over PCA "
+                                     "variance x GMM size")
     h.add_argument("--repeats", type=int, default=3, help="random 50/50 splits averaged (default: 3)")
     h.add_argument("--pool", metavar="FILE")
     h.set_defaults(func=run_search)
@@ -168,6 +173,6 @@ def run_search(args) -> int:
           f"are, +0.02; ties within 0.005 to fewer components, then less variance). GmmConfig default: "
           f"PCA variance {d.pca_variance}, {d.n_components} component(s).")
     print("\nJoint voice + pitch model: share of the joint vector's variance given to the log-F0 quantiles "
-          "(0 = paper 003, pitch not modelled: every identity gets the gender's mean pitch).")
+          "(0 = Turner et al. 2022, pitch not modelled: every identity gets the gender's mean pitch).")
     print(format_pitch_weight(search_pitch_weight(pool, repeats=args.repeats)))
     return 0

@@ -20,5 +20,5 @@ Map:
 - ``rtanon.eval.report``: report.json, report.md and PNG plots.
 
 Heavy backends (onnxruntime, faster-whisper, matplotlib) are imported only
-when used; install them with ``pip install 'rtanon[eval]'``.
+when used; install them with ``RTANON_EXTRAS=eval ./setup.sh`` (``errors.install_hint``).
 """

