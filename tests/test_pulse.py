@@ -252,7 +252,7 @@ def test_bench_e2e_measures_a_latency(server):
     assert parts["algorithmic_ms"] == result["algorithmic_latency_ms"]
     assert all(parts[k] is not None and parts[k] >= 0 for k in parts), parts
     assert abs(result["delay_parts_sum_ms"] - result["e2e_latency_ms"]) < 30.0
-    assert "missed deadlines" in proc.stdout and "sum of the parts" in proc.stdout
+    assert "missed deadlines" in proc.stderr and "sum of the parts" in proc.stderr
     from rtanon.live import LiveConfig
 
     assert result["out_block_ms"] == LiveConfig().out_block_ms  # missed deadlines counted per output callback
