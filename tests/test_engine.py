@@ -205,3 +205,23 @@ def test_allpass_scrambles_the_waveform_and_keeps_the_spectrum(speech):
 def test_allpass_can_be_turned_off():
     s = Anonymizer(AnonymizerConfig(method="mcadams", allpass_sections=0)).open_session()
     assert [type(st).__name__ for st in s.stages] == ["McAdamsStage"]
+
+
+def test_drop_if_pause_consumes_only_chunks_the_gate_closes_on(speech):
+    """What `rtanon live` drops to catch up when compute falls behind: pauses, never a word; a chunk it
+    keeps renders next without a second pass of the gate (the gate's state stays the one of a plain run)."""
+    anonymizer = Anonymizer(AnonymizerConfig(method="mcadams"))
+    plain, dropping = anonymizer.open_session(seed=0), anonymizer.open_session(seed=0)
+    n = plain.chunk_samples
+    x = np.concatenate([speech, np.zeros(16000, np.float32), speech])
+    dropped = 0
+    for c in x[: x.shape[0] // n * n].reshape(-1, n):
+        plain.process(c)
+        if dropping.drop_if_pause(c):
+            dropped += 1
+            assert not plain.last_speech  # the plain run's gate is closed there too
+        else:
+            dropping.process(c)
+            assert dropping.last_speech == plain.last_speech
+    assert dropped >= 40  # the second of silence, less the hangover
+    assert dropping.counters.speech_chunks == plain.counters.speech_chunks

@@ -213,3 +213,19 @@ def test_the_privacy_point_is_an_action_checked_like_the_others(tmp_path):
     with pytest.raises(ConfigError, match="action privacy takes value, not level"):
         control.act({"action": "privacy", "level": "strong"})
     assert json.loads(path.read_text())["privacy"] == "balanced"
+
+
+def test_the_page_says_when_compute_cannot_keep_up_and_what_to_do(tmp_path):
+    from rtanon.live_control import LiveControl
+
+    control = LiveControl(LiveSettings(method="mcadams"), settings_file=tmp_path / "live-ui.json")
+    control.act({"action": "new_voice"})
+    control.core = core = LiveCore(control.session, 16000, 16000)  # streams not opened: the status only
+    for _ in range(25):
+        core.compute_ms.add(15.0)  # keeps up with 20 ms chunks
+    assert control.status()["overload"] is None
+    for _ in range(25):
+        core.compute_ms.add(31.0)  # falls behind
+    note = control.status()["overload"]
+    assert "31 ms of compute per 20 ms chunk" in note and "--chunk-ms" in note
+    assert "--method mcadams" not in note  # it runs already

@@ -98,3 +98,60 @@ def test_input_ring_overflow_is_counted():
     for _ in range(5):
         core.on_input(np.zeros(16000, np.float32))
     assert session.counters.input_overflows > 0
+
+
+def _conversation(speech, turns=4, talk_s=1.0, pause_s=0.6):
+    """Utterances of ``talk_s`` with ``pause_s`` of near-silence between them (and after the last)."""
+    rng = np.random.default_rng(0)
+    talk, pause = int(16000 * talk_s), int(16000 * pause_s)
+    parts = []
+    for i in range(turns):
+        parts.append(speech[i * talk : (i + 1) * talk])
+        parts.append((1e-4 * rng.standard_normal(pause)).astype(np.float32))
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_overload_delay_is_given_back_at_pauses_and_announced(speech, bounded):
+    """Issue "a new user's first hour": under load the delay grew from 65 to 210 ms and stayed there.
+    With compute 1.3 times slower than real time, each utterance puts the queues behind; the pause after
+    it is dropped unrendered until they hold at most ``overload_ms``, and the status says why. Without the
+    bound (``overload_ms`` = ``max_queue_ms``) the delay stays high."""
+    from rtanon.config import AnonymizerConfig
+
+    session = Anonymizer(AnonymizerConfig(method="mcadams")).open_session(seed=0)
+    session.stages = [SlowStage(session.stages[0], 0.026)] + session.stages[1:]  # 27 ms per 20 ms chunk
+    cfg = LiveConfig(max_queue_ms=200, overload_ms=60 if bounded else 200)
+    core = LiveCore(session, 16000, 16000, cfg)
+    notes = []
+    x = _conversation(speech)
+    y = _drive_sampling(core, x, 160, notes)
+    behind_ms = core.queued_ms + 1000.0 * core.input_backlog / 16000
+    assert np.isfinite(y).all() and max_xcorr(x, y) < 0.5  # never the raw voice
+    if bounded:
+        assert core.overload_drops > 0
+        assert behind_ms <= cfg.overload_ms + 20 + 10  # the bound, a chunk and a block
+        assert any(n and "--chunk-ms" in n for n in notes)  # announced, with the fix
+    else:
+        assert behind_ms > 60 + 20 + 10
+
+
+def _drive_sampling(core, x, block, notes):
+    """``_drive`` at real-time pace, asking the core for its overload note every 100 ms (as the status does)."""
+    out = []
+    period = block / core.in_rate_hz
+    t_next = time.monotonic()
+    core.start()
+    try:
+        for k, i in enumerate(range(0, x.shape[0] - block + 1, block)):
+            core.on_input(np.ascontiguousarray(x[i : i + block]))
+            buf = np.empty(block, np.float32)
+            core.on_output(buf)
+            out.append(buf)
+            if k % 10 == 0:
+                notes.append(core.overload_note())
+            t_next += period
+            time.sleep(max(0.0, t_next - time.monotonic()))
+    finally:
+        core.stop()
+    return np.concatenate(out)

@@ -203,6 +203,7 @@ class Session:
         level = cfg.vad.comfort_noise_dbfs
         self._noise_rms = 0.0 if level is None else float(10.0 ** (level / 20.0))
         self._gain = 0.0
+        self._gated = None  # the chunk drop_if_pause found speech in
         self.last_speech = False  # the gate of the last chunk (a live UI shows it; voice changes wait for it)
 
     @property
@@ -237,6 +238,20 @@ class Session:
             stage.reset()
         self._gain = 0.0
 
+    def drop_if_pause(self, chunk: np.ndarray) -> bool:
+        """Runs the gate on ``chunk`` (as ``process`` takes it); when the gate stays closed (the chunk would
+        only give comfort noise) the chunk is consumed unrendered and True returned: what ``rtanon live``
+        drops to catch up when compute falls behind, never a word. Otherwise ``process(chunk)`` must come
+        next with this very chunk, and renders it without running the gate again."""
+        check_chunk(chunk, self.chunk_samples, "Session.drop_if_pause")
+        x = np.clip(np.nan_to_num(chunk, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
+        if self.vad.process(x):
+            self._gated = chunk
+            return False
+        self.last_speech = False
+        self._gain = 0.0  # the next rendered chunk fades in from comfort noise
+        return True
+
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """One chunk in (``chunk_samples`` float32 at 16 kHz, mono), one chunk of
         anonymized audio out (same shape, float32 in [-1, 1])."""
@@ -253,7 +268,8 @@ class Session:
         x = np.clip(chunk, -1.0, 1.0)
         try:
             t1 = time.perf_counter_ns()
-            speech = self.vad.process(x)
+            gated, self._gated = self._gated, None
+            speech = True if gated is chunk else self.vad.process(x)  # drop_if_pause ran the gate on it
             self._took("vad", t1)
             self.guard.push(x)
             y = x

@@ -47,6 +47,10 @@ class LiveConfig:
     PortAudio, the input (``server_latency``; 0: the server's default); ``out_latency_ms``: the buffer
     its output on libpulse asks for (``PulseOutputStream``; 0: the server's default);
     ``resampler_quality``: soxr quality for device rates other than 16 kHz (``"LQ"`` keeps its delay low).
+    ``overload_ms``: the most audio rtanon's own queues hold (captured and not rendered yet, rendered and
+    not played yet) once compute falls behind: beyond it the worker drops the chunks the gate finds no
+    speech in, unrendered (pauses: never a word, never the raw voice); within one long utterance the
+    queues may grow up to ``max_queue_ms``, and the next pause gives it back.
 
     The defaults come from ``rtanon bench --e2e`` on a 2-core machine (docs/lab-notes/live-delay.md):
     a 20 ms margin and the server's default buffering cost 40-50 ms more than 5 and 15 ms with no
@@ -67,6 +71,7 @@ class LiveConfig:
     server_latency_ms: int = 10
     out_latency_ms: int = 5
     resampler_quality: str = "LQ"
+    overload_ms: int = 60
 
     def validate(self) -> None:
         if not 0 <= self.jitter_ms <= self.max_jitter_ms <= 500:
@@ -83,6 +88,8 @@ class LiveConfig:
             raise ConfigError(f"server_latency_ms={self.server_latency_ms}; use 0 (the server's default) or 5 to 500")
         if not (self.out_latency_ms == 0 or 2 <= self.out_latency_ms <= 500):
             raise ConfigError(f"out_latency_ms={self.out_latency_ms}; use 0 (the server's default) or 2 to 500")
+        if not self.jitter_ms < self.overload_ms <= self.max_queue_ms:
+            raise ConfigError(f"overload_ms={self.overload_ms}; use more than jitter_ms and at most max_queue_ms")
         if self.resampler_quality not in ("QQ", "LQ", "MQ", "HQ", "VHQ"):
             raise ConfigError(f"resampler_quality={self.resampler_quality!r}; use QQ, LQ, MQ, HQ or VHQ")
 
@@ -139,6 +146,7 @@ class _OutputPath:
         self._low = None  # least audio left after an output callback this window (negative: it ran short)
         self._low_before = None  # the same for the window before
         self._shortfall = 0  # the largest shortfall since the worker last looked (set by the callback)
+        self._dropped = 0  # samples the worker dropped at a pause: comfort noise in their place is no miss
         self._window_start = self._last_change = self.last_read_at = time.monotonic()
         self.queue_at_push_ms = RecentValues()  # audio still queued when a chunk's output arrived: its wait
 
@@ -161,6 +169,11 @@ class _OutputPath:
             ok = True
         else:
             got = self.ring.read_into(out)
+            if got < out.shape[0] and self._dropped > 0:  # the gap a dropped pause left: on purpose
+                covered = min(self._dropped, out.shape[0] - got)
+                self._dropped -= covered
+                self.fill_noise(out[got : got + covered])
+                got += covered
             ok = got == out.shape[0] or not self.flowing
             if got < out.shape[0]:
                 self.fill_noise(out[got:])
@@ -171,6 +184,10 @@ class _OutputPath:
                     self._shortfall = max(self._shortfall, out.shape[0] - got)
         self.mean_square = float(np.dot(out, out)) / max(1, out.shape[0])
         return ok
+
+    def dropped(self, n16: int) -> None:
+        """The worker dropped ``n16`` samples (16 kHz) of a pause: the gap they leave is not a missed deadline."""
+        self._dropped += n16 * self.rate_hz // SAMPLE_RATE_HZ
 
     def push(self, y16: np.ndarray, speech: bool = True) -> int:
         """Queues 16 kHz output (``speech``: the session's gate was open for it); returns 1 when the queue
@@ -212,6 +229,12 @@ class _OutputPath:
         return int(drop > 0)
 
 
+#: what a user can do when compute cannot keep up (the status line, --json-status, the control page)
+OVERLOAD_FIXES = ("use --method mcadams, a larger --chunk-ms, or close what else keeps the CPU busy "
+                  "(fewer threads elsewhere)")
+OVERLOAD_FIXES_MCADAMS = "use a larger --chunk-ms, or close what else keeps the CPU busy (fewer threads elsewhere)"
+
+
 class LiveCore:
     """Ring buffers + worker between an input and an output callback.
 
@@ -247,6 +270,7 @@ class LiveCore:
         self.worker_errors = 0
         self.session_swaps = 0
         self.compute_ms = RecentValues()  # the worker's time per chunk (the session's stages)
+        self.overload_drops = 0  # chunks of pauses dropped unrendered to keep the delay within overload_ms
         self.interrupted = False  # run_live: Ctrl-C ended the loop
 
     # -- callbacks: copies only ------------------------------------------------
@@ -331,6 +355,26 @@ class LiveCore:
         """The median wait of late (``queue_waits``); None before audio flowed."""
         return self._out.queue_at_push_ms.percentile(50)
 
+    @property
+    def overloaded(self) -> bool:
+        """Whether compute falls behind real time: the median time per chunk of the last 25 chunks (half
+        a second at 20 ms) exceeds the chunk's duration."""
+        recent = self.compute_ms.percentile(50, since=self.compute_ms.count - 25)
+        chunk_ms = 1000.0 * self.session.chunk_samples / SAMPLE_RATE_HZ
+        return recent is not None and recent > chunk_ms
+
+    def overload_note(self) -> str | None:
+        """What the status line, ``--json-status`` and the control page say while overloaded: the
+        figures, and the fixes; None while compute keeps up."""
+        if not self.overloaded:
+            return None
+        chunk_ms = 1000.0 * self.session.chunk_samples / SAMPLE_RATE_HZ
+        compute = self.compute_ms.percentile(50, since=self.compute_ms.count - 25)
+        config = getattr(getattr(self.session, "anonymizer", None), "config", None)  # a remote session: none
+        fixes = OVERLOAD_FIXES_MCADAMS if getattr(config, "method", None) == "mcadams" else OVERLOAD_FIXES
+        return (f"overloaded: {compute:.0f} ms of compute per {chunk_ms:.0f} ms chunk, pauses dropped to "
+                f"keep the delay; {fixes}")
+
     def pipeline_ms(self) -> float:
         """rtanon's own delay beyond the algorithmic one: the worker's compute per chunk plus the output
         queue's wait (medians of late; the queue as it stands before audio flowed)."""
@@ -375,11 +419,25 @@ class LiveCore:
         if not usable:
             return
         outs, speech = [], False
+        # audio behind real time: captured and not rendered yet, and rendered and not played yet
+        behind = (self._in_ring.readable * SAMPLE_RATE_HZ // self.in_rate_hz + pending.shape[0]
+                  + self._out.ring.readable * SAMPLE_RATE_HZ // self.out_rate_hz)
+        limit = SAMPLE_RATE_HZ * self.config.overload_ms // 1000
+        drop_if_pause = getattr(self.session, "drop_if_pause", None)  # a remote session renders elsewhere
         for c in pending[:usable].reshape(-1, chunk):
+            if behind - chunk >= limit and drop_if_pause is not None and drop_if_pause(c):  # late: a pause
+                self.overload_drops += 1
+                behind -= chunk
+                for path in (self._out, self._monitor):
+                    if path is not None:
+                        path.dropped(chunk)
+                continue
             t0 = time.perf_counter()
             outs.append(self.session.process(c))
             self.compute_ms.add(1000.0 * (time.perf_counter() - t0))
             speech = speech or self.session.last_speech
+        if not outs:
+            return
         y = np.concatenate(outs)
         self.drift_trims += self._out.push(y, speech)
         monitor = self._monitor
@@ -871,6 +929,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
             latency = algo_ms + core.pipeline_ms() + device_ms
             if stream is not None:
                 down = "".join(f" | {s.kind} DOWN" for s in (inp, out) if not s.up)
+                overload = core.overload_note()
+                down += f" | {overload}" if overload else ""
                 stream.write(f"\rin {core.level_dbfs:6.1f} dBFS | delay {'' if measured else '~'}{latency:5.1f} ms "
                              f"({'reported by the audio server' if measured else 'estimated'}; algorithmic "
                              f"{algo_ms:.0f}) | missed {counters.missed_deadlines} | "
@@ -893,7 +953,8 @@ def run_live(session: Session, input_spec: str | None, output_spec: str | None, 
                     "missed_deadlines": counters.missed_deadlines, "input_overflows": counters.input_overflows,
                     "output_underflows": counters.output_underflows, "stage_errors": counters.stage_errors,
                     "worker_errors": core.worker_errors, "input_skips": core.input_skips,
-                    "drift_trims": core.drift_trims, "input_up": inp.up, "output_up": out.up,
+                    "drift_trims": core.drift_trims, "overload_drops": core.overload_drops,
+                    "overload": core.overload_note(), "input_up": inp.up, "output_up": out.up,
                     "input_reopens": inp.reopens, "output_reopens": out.reopens,
                     "output_stuck": out.stuck,
                     "output_gap_ms": round(1000.0 * delay.take_out_gap(), 1)}) + "\n")

@@ -384,6 +384,7 @@ class LiveControl:
             out["down"] = [stream.kind for stream in self._streams if not stream.up]  # being reopened
             out.update(in_dbfs=core.level_dbfs, out_dbfs=core.out_level_dbfs, gate=session.last_speech,
                        queue_ms=core.queued_ms, errors=out["errors"] + core.worker_errors,
+                       overload=core.overload_note(), overload_drops=core.overload_drops,
                        e2e_ms=out["algorithmic_ms"] + core.pipeline_ms() + 1000.0 * self._device_latency_s)
         return out
 

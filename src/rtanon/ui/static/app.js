@@ -55,6 +55,8 @@ function render(s) {
   setText("missed", String(s.missed ?? "\u2013"), s.missed > 0);
   setText("xruns", String(s.xruns ?? "\u2013"), s.xruns > 0);
   setText("errors", String(s.errors ?? "\u2013"), s.errors > 0);
+  $("overload").hidden = !s.overload;  // compute falls behind: why, and the fix
+  $("overload").textContent = s.overload || "";
   if (deviceChoices) selectDevices(s.settings);
 }
 
