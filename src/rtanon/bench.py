@@ -293,6 +293,8 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
             "input_overflows": int(last.get("input_overflows", 0)),
             "output_underflows": int(last.get("output_underflows", 0)),
             "stuck_reopens": int(last.get("output_stuck", 0)),
+            "overload_drops": int(last.get("overload_drops", 0)),
+            "overloaded_statuses": sum(bool(r.get("overload")) for r in status),
             "recorded_s": n / SAMPLE_RATE_HZ,
             "xcorr_mic_vs_played": max_xcorr(utterance[: 3 * SAMPLE_RATE_HZ], x_mic),
             "xcorr_anon_vs_played": max_xcorr(utterance[: 3 * SAMPLE_RATE_HZ], x_anon),

@@ -336,6 +336,9 @@ def print_delay_budget(r: dict) -> None:
           f"{r.get('out_block_ms', 10):g} ms output blocks), "
           f"xruns {r['xruns']}, stuck streams reopened {r['stuck_reopens']}; waveform similarity to the input: "
           f"microphone {r['xcorr_mic_vs_played']:.2f}, rtanon {r['xcorr_anon_vs_played']:.2f}")
+    if r["overloaded_statuses"] or r["overload_drops"]:
+        print(f"  overloaded in {r['overloaded_statuses']} status lines; {r['overload_drops']} chunks of pauses "
+              "dropped to keep the delay")
     if r["recorder_overflows"] or r["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
         print(f"warning: the fake microphone's recording is not a faithful copy of what was played (similarity "
               f"{r['xcorr_mic_vs_played']:.2f}, {r['recorder_overflows']} overflows, {r['attempts']} attempts: the "
