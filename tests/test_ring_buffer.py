@@ -1,14 +1,21 @@
-"""Contract of the native SPSC ring buffer (rtanon._core.RingBuffer)."""
+"""Contract of the live loop's SPSC ring buffer: the native one (rtanon._core.RingBuffer) and the Python
+one an install without a C++ compiler runs (rtanon.ring_buffer.PyRingBuffer)."""
 
 import threading
 
 import numpy as np
 import pytest
 
-from rtanon._core import RingBuffer
+from rtanon._core import RingBuffer as NativeRingBuffer
+from rtanon.ring_buffer import PyRingBuffer
 
 
-def test_fifo_order_and_wraparound():
+@pytest.fixture(params=[NativeRingBuffer, PyRingBuffer], ids=["cpp", "python"])
+def RingBuffer(request):
+    return request.param
+
+
+def test_fifo_order_and_wraparound(RingBuffer):
     rb = RingBuffer(5)
     assert rb.capacity == 5 and rb.readable == 0 and rb.writable == 5
     assert rb.write(np.arange(7, dtype=np.float32)) == 5  # only what fits
@@ -18,7 +25,7 @@ def test_fifo_order_and_wraparound():
     assert rb.readable == 0 and rb.read(4).shape == (0,)
 
 
-def test_read_into_leaves_tail_untouched_and_discard():
+def test_read_into_leaves_tail_untouched_and_discard(RingBuffer):
     rb = RingBuffer(8)
     rb.write(np.ones(3, np.float32))
     out = np.full(5, -1.0, np.float32)
@@ -29,7 +36,7 @@ def test_read_into_leaves_tail_untouched_and_discard():
     np.testing.assert_array_equal(rb.read(9), [2, 3])
 
 
-def test_rejects_wrong_dtype_and_shape():
+def test_rejects_wrong_dtype_and_shape(RingBuffer):
     rb = RingBuffer(4)
     with pytest.raises(TypeError):
         rb.write(np.zeros(2, np.float64))
@@ -39,7 +46,7 @@ def test_rejects_wrong_dtype_and_shape():
         RingBuffer(0)
 
 
-def test_concurrent_producer_consumer_keeps_every_sample_in_order():
+def test_concurrent_producer_consumer_keeps_every_sample_in_order(RingBuffer):
     rb = RingBuffer(257)
     n = 200_000
     src = np.arange(n, dtype=np.float32)

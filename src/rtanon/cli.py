@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import importlib.util
 import signal
 import sys
 import threading
@@ -91,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                "`rtanon live --input <your mic> --output rtanon`. `rtanon COMMAND --help` for details. "
                f"Errors are one line on stderr. Exit status: {codes}.",
     )
-    parser.add_argument("--version", action="version", version=f"rtanon {__version__}")
+    kernel = ("C++" if importlib.util.find_spec("rtanon._core") is not None
+              else "Numba (installed without a C++ compiler)")
+    parser.add_argument("--version", action="version", version=f"rtanon {__version__}, F0 kernel {kernel}")
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of any error (accepted anywhere on the line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

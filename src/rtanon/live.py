@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 import soxr
 
-from rtanon._core import RingBuffer
+from rtanon.ring_buffer import RingBuffer
 from rtanon.config import SAMPLE_RATE_HZ, ConfigError
 from rtanon.engine import Session
 from rtanon.methods import voice_sentence
