@@ -271,3 +271,19 @@ def test_a_slow_load_is_announced(monkeypatch, capsys):
     _common.anonymizer_from_args(args)
     time.sleep(0.2)
     assert capsys.readouterr().err == ""
+
+
+def test_file_runs_without_portaudio_and_devices_says_what_to_install(tmp_path):
+    """sounddevice's Linux wheel does not bundle PortAudio: where libportaudio is missing, `import
+    sounddevice` raises OSError. `rtanon file` must not need it; `rtanon devices` names the package."""
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "sounddevice.py").write_text("raise OSError('PortAudio library not found')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(stub), os.environ.get("PYTHONPATH", "")])}
+    from rtanon.resources import demo_speech_path
+
+    with demo_speech_path() as sample:
+        out = _rtanon("file", "--seed", "1", str(sample), str(tmp_path / "out.wav"), env=env)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "out.wav").stat().st_size > 1000
+    _one_line_error(_rtanon("devices", env=env), contains="Fedora: sudo dnf install portaudio")

@@ -110,7 +110,9 @@ def import_sounddevice():
     try:
         import sounddevice
     except OSError as exc:
-        raise CliError(f"PortAudio is missing ({exc}); install it: sudo apt-get install libportaudio2") from None
+        raise CliError(f"PortAudio is missing ({exc}); install it (Debian/Ubuntu: sudo apt-get install libportaudio2; "
+                       "Fedora: sudo dnf install portaudio; Arch: sudo pacman -S portaudio); `rtanon file` and "
+                       "`rtanon demo` run without it") from None
     return sounddevice
 
 
