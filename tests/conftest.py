@@ -37,3 +37,19 @@ def speech(speech_paths) -> np.ndarray:
     from rtanon.audio_io import read_audio
 
     return read_audio(speech_paths[0])
+
+
+@pytest.fixture()
+def mini_train(tmp_path, shared_data) -> Path:
+    """A Kaldi-style folder of three so762_train utterances (paths into ../shared, nothing copied), for a
+    recipe's few steps."""
+    from rtanon.kaldi import KaldiDir, write_map
+
+    src = KaldiDir.load(shared_data / "so762_train")
+    utts = sorted(src.wav)[:3]
+    data = tmp_path / "mini_train"
+    data.mkdir()
+    write_map(data / "wav.scp", {u: str(src.wav[u]) for u in utts})
+    write_map(data / "utt2spk", {u: src.utt2spk[u] for u in utts})
+    write_map(data / "spk2gender", {s: src.spk2gender[s] for s in {src.utt2spk[u] for u in utts}})
+    return data

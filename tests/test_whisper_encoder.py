@@ -121,7 +121,7 @@ def test_the_exported_graph_streams_what_torch_computes(encoder, speech9s, tmp_p
 
 
 @pytest.mark.slow
-def test_the_fine_tune_runs_resumes_and_exports(tmp_path, shared_data):
+def test_the_fine_tune_runs_resumes_and_exports(tmp_path, shared_data, mini_train):
     """Two steps of ``train content --whisper`` on three training utterances move the pretrained weights;
     a rerun resumes; the checkpoint exports to a graph the run time streams."""
     pytest.importorskip("faster_whisper")
@@ -129,15 +129,8 @@ def test_the_fine_tune_runs_resumes_and_exports(tmp_path, shared_data):
     pytest.importorskip("onnx")
     from rtanon.cli import main
     from rtanon.content.stream import ContentEncoderModel
-    from rtanon.kaldi import KaldiDir
 
-    src = KaldiDir.load(shared_data / "so762_train")
-    utts = sorted(src.wav)[:3]
-    data = tmp_path / "mini_train"
-    data.mkdir()
-    (data / "wav.scp").write_text("".join(f"{u} {src.wav[u]}\n" for u in utts))
-    (data / "utt2spk").write_text("".join(f"{u} {src.utt2spk[u]}\n" for u in utts))
-    (data / "spk2gender").write_text("".join(f"{s} {src.spk2gender[s]}\n" for s in {src.utt2spk[u] for u in utts}))
+    data = mini_train
     out = tmp_path / "out"
     args = ["train", "content", "--whisper", "tiny.en", "--window-frames", "8", "--data", str(data), "--out",
             str(out), "--teacher-weight", "1", "--learning-rate", "1e-4", "--max-steps", "2"]
