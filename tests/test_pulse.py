@@ -236,13 +236,25 @@ def test_bench_e2e_measures_a_latency(server):
     # the bench measures again when its reference, the fake microphone's recording, lost samples on a loaded
     # machine (a fresh-clone CI run once recorded it at 0.24 correlation with what was played)
     _start(server).__exit__(None, None, None)  # the bench starts its own; skip where it cannot start
-    proc = _rtanon(None, "bench", "--e2e", "--server", server, "--seconds", "3", "--e2e-seconds", "10", "--json",
-                   timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def bench():
+        proc = _rtanon(None, "bench", "--e2e", "--server", server, "--seconds", "3", "--e2e-seconds", "10",
+                       "--json", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"\n{server}: microphone -> virtual microphone {result['e2e_latency_ms']:.0f} ms ({result['method']}), "
+              f"{result['attempts']} attempt(s); parts {result['delay_parts_ms']}, "
+              f"sum {result['delay_parts_sum_ms']:.0f} ms; window delays {result['e2e_window_delays_ms']}")
+        return proc, result
+
+    proc, result = bench()
+    # The delay moves within a 10 s run on this 2-core machine (window delays 85-136 ms in one PulseAudio
+    # run, 66-188 in one PipeWire run), so the median of four windows and the medians of the parts miss each
+    # other by 30 ms or more in about one run of four here (once in CI: 243 against 37 ms): measured again
+    # once, and the second run must agree. A budget that is wrong every time still fails here.
+    if abs(result["delay_parts_sum_ms"] - result["e2e_latency_ms"]) >= 30.0:
+        proc, result = bench()
     parts = result["delay_parts_ms"]
-    print(f"\n{server}: microphone -> virtual microphone {result['e2e_latency_ms']:.0f} ms ({result['method']}), "
-          f"{result['attempts']} attempt(s); parts {parts}, sum {result['delay_parts_sum_ms']:.0f} ms")
     assert result["server"] == server
     assert 1 <= result["attempts"] <= 3
     assert 30.0 <= result["e2e_latency_ms"] < 1000.0  # at least the algorithmic latency
