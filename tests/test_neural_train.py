@@ -191,6 +191,30 @@ def test_warm_start_adds_a_prenet_that_starts_as_identity(tmp_path):
         warm_start(path, replace(new_cfg, initial_channels=32))
 
 
+def test_warm_start_for_content_of_another_width_keeps_all_but_the_input_convolution(tmp_path):
+    """A new content encoder (Whisper's 384-d ``z`` against version 4's 256): only ``conv_pre`` starts fresh;
+    everything after it is the old generator's."""
+    from dataclasses import replace
+
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder
+    from rtanon.train.vocoder import warm_start
+
+    torch.manual_seed(0)
+    cfg = VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=16, min_channels=4, prenet_dilations=(1,),
+                        envelope_points=16, envelope_harmonics=16, noise_taps=16)
+    old = HarmonicNoiseVocoder(cfg)
+    path = tmp_path / "old.pt"
+    torch.save({"generator": old.state_dict(), "config": dataclasses.asdict(cfg), "step": 7}, path)
+    new_cfg = replace(cfg, units_dim=K + 8)
+    new = HarmonicNoiseVocoder(new_cfg)
+    new.load_state_dict(warm_start(path, new_cfg)["generator"])
+    before, after = old.state_dict(), new.state_dict()
+    kept = [k for k in after if not k.startswith("conv_pre.")]
+    assert kept and all(torch.equal(after[k], before[k]) for k in kept)
+    w = next(k for k in after if k.startswith("conv_pre.") and after[k].ndim == 3 and after[k].shape[1] == K + 8)
+    assert after[w].abs().sum() > 0  # a fresh initialisation, not zeros: the content must reach the prenet
+
+
 def test_envelope_source_trains_the_synthesiser_first_then_the_residual(shard_dir, tmp_path):
     """``residual_start_step``: before it the upsampling stack is not run (its output convolution, which
     starts at zero, gets no gradient and stays zero); from it on the stack's residual trains too."""

@@ -157,18 +157,25 @@ def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
     """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may have fewer
     pre-net convolutions or no input log-mel convolution (``input_mel_bins``): the missing ones start at
     zero (weight-norm gain 0), so the new model computes what the old one did and training then grows them.
-    Every other weight must match in shape."""
+    Content of another width (``units_dim``: a new content encoder) gets a fresh input convolution
+    (``conv_pre``, PyTorch's own initialisation): what follows it, the speaker conditioning, the envelope
+    head and the synthesiser, starts trained. Every other weight must match in shape."""
     import torch
 
     from rtanon.neural.vocoder import HarmonicNoiseVocoder, load_generator
 
     old = load_generator(path)
     model = HarmonicNoiseVocoder(vocoder_config)
+    state = old.state_dict()
+    new_content = old.config.units_dim != vocoder_config.units_dim
+    if new_content:
+        state = {k: v for k, v in state.items() if not k.startswith("conv_pre.")}
+    may_be_new = ("prenet.", "mel_in.") + (("conv_pre.",) if new_content else ())
     try:
-        missing, unexpected = model.load_state_dict(old.state_dict(), strict=False)
+        missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape mismatch
         raise ConfigError(f"{path} does not fit the vocoder config: {str(exc).splitlines()[-1].strip()}") from None
-    if unexpected or any(not k.startswith(("prenet.", "mel_in.")) for k in missing):
+    if unexpected or any(not k.startswith(may_be_new) for k in missing):
         raise ConfigError(f"{path} does not fit the vocoder config: missing {missing[:4]}, unexpected "
                           f"{unexpected[:4]}; only pre-net convolutions and the input log-mel convolution may be new")
     new_convs = [(f"prenet.{i}.", conv) for i, conv in enumerate(model.prenet)]

@@ -39,7 +39,8 @@ def register(sub) -> None:
                    help="content encoder whose output the shards hold (default: the packaged one); the neural "
                         "method then needs the same graph: rtanon ... --method neural --content FILE")
     p.add_argument("--init", type=Path, metavar="CKPT",
-                   help="start from these generator weights (e.g. the shipped generator.pt) when OUT has none")
+                   help="start from these generator weights (e.g. the shipped generator.pt) when OUT has none; "
+                   "with shards of another content width (a new --content-onnx) its input convolution starts fresh")
     p.add_argument("--steps", type=int, default=d.steps, help=f"total steps of the run (default {d.steps})")
     p.add_argument("--max-minutes", type=float, help="stop this call after this many minutes, with a checkpoint")
     p.add_argument("--residual-start-step", type=int, default=d.residual_start_step,
@@ -129,8 +130,10 @@ def run(args) -> int:
             raise CliError(f"{args.out / 'generator.pt'} was trained on another content encoder's output than "
                            f"{shards} holds: use a new --out")
     elif args.init:
-        # the content it will be trained on from now is the shards', whatever --init was trained on
-        vocoder = replace(load_generator(args.init).config, content_sha256=data.content_sha256, **mel)
+        # the content it will be trained on from now is the shards', whatever --init was trained on (of
+        # another width: a new content encoder, whose input convolution starts fresh)
+        vocoder = replace(load_generator(args.init).config, units_dim=data.units_dim,
+                          content_sha256=data.content_sha256, **mel)
         with atomic_open(args.out / "generator.pt") as f:
             torch.save(warm_start(args.init, vocoder), f)
     content_model = None
