@@ -64,6 +64,25 @@ def test_the_torch_encoder_computes_what_ctranslate2_computes(encoder, speech9s)
     assert np.abs(got - want).max() < 1e-2 * np.abs(want).max()
 
 
+def test_the_utterance_content_is_whisper_on_each_utterance_alone(encoder, speech9s):
+    """Issue 62's content: each utterance alone in a zero-padded 30 s window (what Whisper computes for
+    it), on the stream's frame grid; audio past 30 s is read in a second window."""
+    content = W.UtteranceContent("tiny.en")
+    x = speech9s[:3 * 16000 + 123]
+    z = content.encode(x)
+    window = np.zeros(480000, np.float32)
+    window[:len(x)] = x
+    with torch.inference_mode():
+        want = encoder(W.log_mel(torch.from_numpy(window[None]), torch.from_numpy(W.mel_filters())))[0].numpy()
+    assert z.shape == (len(x) // FRAME_SAMPLES, 384) and content.output_dim == 384
+    np.testing.assert_allclose(z, want[:z.shape[0]], atol=1e-4)
+    assert content.sha256.startswith("whisper-tiny.en-utterance:") and len(content.sha256) > 64
+    long = np.concatenate([speech9s] * 4)[:31 * 16000]  # 31 s: a full window and 1 s
+    zl = content.encode(long)
+    assert zl.shape[0] == 31 * 50
+    np.testing.assert_allclose(zl[1500:], content.encode(long[480000:]), atol=1e-4)
+
+
 def test_the_stream_gives_the_same_frames_for_any_chunk_size(encoder, speech9s):
     stream = W.StreamingWhisperEncoder(encoder, window_frames=20)
     x = speech9s[:3 * 16000]

@@ -246,14 +246,23 @@ class Extractors:
     content_sha256: str = ""
 
 
-def default_extractors(f0_kernel: str = "auto", content_onnx: str | Path | None = None) -> Extractors:
-    """rtanon's content encoder (the packaged one, or the graph ``content_onnx``: its projections ``z``),
-    F0 tracker and speaker embeddings (pool first, resemblyzer otherwise)."""
-    from rtanon.content.stream import ContentEncoderModel
+def default_extractors(f0_kernel: str = "auto", content_onnx: str | Path | None = None,
+                       utterance_content: str | None = None) -> Extractors:
+    """rtanon's content encoder (the packaged one, or the graph ``content_onnx``: its projections ``z``; or,
+    with ``utterance_content`` = a Whisper model's name, that encoder over the whole utterance:
+    :class:`rtanon.train.whisper.UtteranceContent`), F0 tracker and speaker embeddings (pool first,
+    resemblyzer otherwise)."""
     from rtanon.f0.tracker import track
     from rtanon.identity.pool import SpeakerPool, unit_norm
 
-    content = ContentEncoderModel(content_onnx)
+    if utterance_content is not None:
+        from rtanon.train.whisper import UtteranceContent
+
+        content = UtteranceContent(utterance_content)
+    else:
+        from rtanon.content.stream import ContentEncoderModel
+
+        content = ContentEncoderModel(content_onnx)
     pool = SpeakerPool.load_default()
     row = {str(s): i for i, s in enumerate(pool.speaker_ids)}
     encoder = None

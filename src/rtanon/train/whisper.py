@@ -311,6 +311,37 @@ class StreamingWhisperEncoder(nn.Module):
         return torch.cat(out)[1:].numpy()
 
 
+class UtteranceContent:
+    """Whisper's encoder as Whisper runs it, over a whole utterance: the content of the file and corpus path
+    (issue 62), which need no causality. ``encode(audio)``: (T,) float32 at 16 kHz -> (T // 320, D) float32,
+    frame ``i`` on the same grid as the stream's; each utterance alone in its 30 s window, zero-padded as
+    Whisper pads (never packed with others, so a frame hears its own utterance only). Longer audio is read
+    in consecutive 30 s windows. ``sha256``: the weights' digest, tagged, for the shards' manifest."""
+
+    def __init__(self, model: str = "tiny.en") -> None:
+        self.model = model
+        self.net = WhisperEncoder.from_ct2(encoder_weights(model)).eval()
+        self.filters = torch.from_numpy(mel_filters())
+        self.sha256 = f"whisper-{model}-utterance:{_sha256(whisper_model_dir(model) / 'model.bin')}"
+
+    @property
+    def output_dim(self) -> int:
+        return self.net.dim
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        n = len(audio) // FRAME_SAMPLES
+        window = POSITIONS * FRAME_SAMPLES
+        out = []
+        with torch.inference_mode():
+            for s in range(0, max(1, n) * FRAME_SAMPLES, window):
+                x = np.zeros(window, np.float32)
+                part = np.asarray(audio[s:s + window], np.float32)
+                x[:len(part)] = part
+                z = self.net(log_mel(torch.from_numpy(x)[None], self.filters))[0]
+                out.append(z[:min(POSITIONS, n - s // FRAME_SAMPLES)])
+        return torch.cat(out).numpy()
+
+
 class ZeroShotContent:
     """The streaming form as loaded, no training, read as a content encoder for ``rtanon lab content-eval``:
     ``analyze(audio)`` -> unit probabilities (n, K) (a softmax over minus the mean squared distance per

@@ -38,6 +38,9 @@ def register(sub) -> None:
     p.add_argument("--content-onnx", type=Path, metavar="FILE",
                    help="content encoder whose output the shards hold (default: the packaged one); the neural "
                         "method then needs the same graph: rtanon ... --method neural --content FILE")
+    p.add_argument("--utterance-content", choices=("tiny.en",), metavar="WHISPER",
+                   help="content from Whisper WHISPER's encoder over each whole utterance instead of a streaming "
+                        "graph (tiny.en: the file and corpus path's candidate, which need no causality; issue 62)")
     p.add_argument("--init", type=Path, metavar="CKPT",
                    help="start from these generator weights (e.g. the shipped generator.pt) when OUT has none; "
                    "with shards of another content width (a new --content-onnx) its input convolution starts fresh")
@@ -104,12 +107,15 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.accelerator or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.content_onnx is not None and args.utterance_content is not None:
+        raise CliError("--content-onnx and --utterance-content name two content encoders: pass one")
     shards = args.shards or args.out / "shards"
     if not (shards / "manifest.json").exists():
         if not args.data:
             raise CliError(f"{shards} holds no shards: pass --data DIR [DIR ...] to build them")
         try:
-            extractors = default_extractors(content_onnx=args.content_onnx)
+            extractors = default_extractors(content_onnx=args.content_onnx,
+                                            utterance_content=args.utterance_content)
             build_shards(list(args.data), shards, extractors, units_dim=extractors.units_dim)
         except ValueError as exc:
             raise CliError(str(exc)) from None
@@ -120,6 +126,10 @@ def run(args) -> int:
     if args.content_onnx is not None and data.content_sha256 != file_sha256(args.content_onnx):
         raise CliError(f"{shards} was not made with --content-onnx {args.content_onnx}: pass another --shards/--out "
                        "for new shards from that encoder")
+    tag = f"whisper-{args.utterance_content}-utterance:"
+    if args.utterance_content is not None and not data.content_sha256.startswith(tag):
+        raise CliError(f"{shards} was not made with --utterance-content {args.utterance_content}: pass another "
+                       "--shards/--out for new shards from that encoder")
     args.out.mkdir(parents=True, exist_ok=True)
     mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra, "input_cmn_frames": args.input_cmn}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
