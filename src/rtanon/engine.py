@@ -155,6 +155,17 @@ class Anonymizer:
     def chunk_samples(self) -> int:
         return self.config.stream.chunk_samples
 
+    def check_streams(self) -> None:
+        """``ConfigError`` when this anonymizer cannot run a live stream: its content encoder reads whole
+        utterances (``--content`` a whole-utterance graph), for files and corpora only."""
+        from rtanon.config import ConfigError
+
+        content = getattr(getattr(self.method, "model", None), "content", None)
+        if getattr(content, "needs_whole_signal", False):
+            raise ConfigError(f"the content encoder {self.config.neural.content_onnx} reads whole utterances: use it "
+                              "with `rtanon file`, `anonymize-dir` or `eval`; a live stream needs a causal one "
+                              "(leave out --content for the packaged encoder)")
+
     def warm_up(self, chunks: int = 3) -> None:
         """Runs a throwaway session over a few chunks of faint noise: the models' first call (graph
         optimisation, JIT, allocations: 200 ms for the neural voice) then happens before a live stream
@@ -312,6 +323,13 @@ class Session:
         if self.times is not None:
             self.times.add(name, time.perf_counter_ns() - t0)
 
+    @property
+    def needs_whole_signal(self) -> bool:
+        """True when a stage reads the whole signal before its first chunk (a whole-utterance content
+        encoder): ``process_signal``/``iter_process`` only, never a live stream (whose chunks alone give
+        comfort noise)."""
+        return any(getattr(stage, "needs_whole_signal", False) for stage in self.stages)
+
     def process_signal(self, signal: np.ndarray) -> np.ndarray:
         """Whole-signal helper (16 kHz mono float32): chunks it, compensates the
         stage delay, and returns exactly ``len(signal)`` samples, equal to what
@@ -321,7 +339,15 @@ class Session:
     def iter_process(self, blocks):
         """Streams any iterable of 16 kHz float32 blocks (any sizes) through the
         session; yields delay-compensated output blocks whose total length
-        equals the total input length. Memory stays constant."""
+        equals the total input length. Memory stays constant (but for a stage that
+        ``needs_whole_signal``: the blocks are joined first)."""
+        if self.needs_whole_signal:  # a whole-utterance content encoder reads the signal first
+            signal = np.concatenate([np.asarray(b, np.float32) for b in blocks] or [np.zeros(0, np.float32)])
+            clean = np.clip(np.nan_to_num(signal, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
+            for stage in self.stages:
+                if getattr(stage, "needs_whole_signal", False):
+                    stage.prime(clean)
+            blocks = [signal]
         n = self.chunk_samples
         skip = self.stage_latency_samples
         buf = np.zeros(0, dtype=np.float32)

@@ -250,6 +250,8 @@ class LiveCore:
                  config: LiveConfig | None = None) -> None:
         self.config = config or LiveConfig()
         self.config.validate()
+        if getattr(session, "anonymizer", None) is not None:  # a remote session renders elsewhere
+            session.anonymizer.check_streams()  # a whole-utterance content encoder cannot stream
         self.session = session
         self.in_rate_hz, self.out_rate_hz = int(in_rate_hz), int(out_rate_hz)
         self._in_ring = RingBuffer(2 * self.in_rate_hz)

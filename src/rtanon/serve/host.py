@@ -109,6 +109,7 @@ class SessionHost:
         if key not in self._anonymizers:
             neural = replace(self.base.neural, privacy=privacy) if method == "neural" else self.base.neural
             anonymizer = Anonymizer(replace(self.base, method=method, neural=neural))
+            anonymizer.check_streams()
             warm_up(anonymizer)
             self._anonymizers[key] = anonymizer
         return self._anonymizers[key]

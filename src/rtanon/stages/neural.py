@@ -156,9 +156,17 @@ class NeuralVoiceModel:
             check_regular(cfg.content_onnx, "content encoder graph (.onnx)")
         if cfg.content_onnx and not Path(cfg.content_onnx).exists():
             raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
-        self.content = ContentEncoderModel(cfg.content_onnx, ContentStreamConfig(threads=cfg.threads))
-        if cfg.backend == "torch" and self.backend.device.startswith("cuda"):
-            self.content = _torch_content(cfg, self.content, self.backend.device)
+        utterance = None
+        if cfg.content_onnx:  # a whole-utterance graph (files and corpora) or a causal one
+            from rtanon.content.utterance import UtteranceContentModel
+
+            utterance = UtteranceContentModel.load_if_utterance(cfg.content_onnx, cfg.threads)
+        if utterance is not None:
+            self.content = utterance  # on ONNX Runtime's CPU provider whatever runs the vocoder
+        else:
+            self.content = ContentEncoderModel(cfg.content_onnx, ContentStreamConfig(threads=cfg.threads))
+            if cfg.backend == "torch" and self.backend.device.startswith("cuda"):
+                self.content = _torch_content(cfg, self.content, self.backend.device)
         trained_on = self.vocoder_config.content_sha256
         if not trained_on and cfg.content_onnx:
             # vocoders from before the record (the shipped one among them) were trained on the packaged encoder
@@ -238,6 +246,14 @@ class NeuralVoiceStage:
     @property
     def latency_samples(self) -> int:
         return self._delay
+
+    @property
+    def needs_whole_signal(self) -> bool:
+        """True with a whole-utterance content encoder: ``prime(signal)`` before the signal's chunks."""
+        return getattr(self.content, "needs_whole_signal", False)
+
+    def prime(self, signal: np.ndarray) -> None:
+        self.content.prime(signal)
 
     def reset(self) -> None:
         self.content.reset()

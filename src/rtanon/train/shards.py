@@ -247,19 +247,15 @@ class Extractors:
 
 
 def default_extractors(f0_kernel: str = "auto", content_onnx: str | Path | None = None,
-                       utterance_content: str | None = None) -> Extractors:
-    """rtanon's content encoder (the packaged one, or the graph ``content_onnx``: its projections ``z``; or,
-    with ``utterance_content`` = a Whisper model's name, that encoder over the whole utterance:
+                       content=None) -> Extractors:
+    """rtanon's content encoder (the packaged one, or the graph ``content_onnx``: its projections ``z``; or
+    ``content``, anything with ``encode(audio)``, ``output_dim`` and ``sha256``, such as the whole-utterance
     :class:`rtanon.train.whisper.UtteranceContent`), F0 tracker and speaker embeddings (pool first,
     resemblyzer otherwise)."""
     from rtanon.f0.tracker import track
     from rtanon.identity.pool import SpeakerPool, unit_norm
 
-    if utterance_content is not None:
-        from rtanon.train.whisper import UtteranceContent
-
-        content = UtteranceContent(utterance_content)
-    else:
+    if content is None:
         from rtanon.content.stream import ContentEncoderModel
 
         content = ContentEncoderModel(content_onnx)

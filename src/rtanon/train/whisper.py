@@ -215,6 +215,16 @@ class WhisperEncoder(nn.Module):
         return self.norm(x)
 
 
+def _dft_kernel() -> torch.Tensor:
+    """(402, 1, 400): the Hann-windowed rFFT as one strided convolution (cos and sin rows of 201 bins over
+    400 taps): ONNX exports it as a Conv, where torch.stft has no export."""
+    n = torch.arange(N_FFT, dtype=torch.float64)
+    k = torch.arange(N_FFT // 2 + 1, dtype=torch.float64)[:, None]
+    angle = 2 * math.pi * k * n / N_FFT
+    window = torch.hann_window(N_FFT, dtype=torch.float64)
+    return (torch.cat([torch.cos(angle), -torch.sin(angle)]) * window).float()[:, None, :]
+
+
 #: samples before a 20 ms frame that its first new log-mel frame reaches back to (a centred 25 ms window
 #: 10 ms before the frame)
 _AUDIO_TAIL = N_FFT // 2 + HOP_SAMPLES
@@ -239,14 +249,7 @@ class StreamingWhisperEncoder(nn.Module):
         #: added to every frame's position (training starts crops anywhere in the 30 s; 0 in a stream)
         self.position_offset = 0
         self.register_buffer("filters", torch.from_numpy(mel_filters()), persistent=False)
-        # the windowed rFFT as one strided convolution (cos and sin rows of 201 bins over 400 taps): ONNX
-        # exports it as a Conv, where torch.stft has no export
-        n = torch.arange(N_FFT, dtype=torch.float64)
-        k = torch.arange(N_FFT // 2 + 1, dtype=torch.float64)[:, None]
-        angle = 2 * math.pi * k * n / N_FFT
-        window = torch.hann_window(N_FFT, dtype=torch.float64)
-        dft = torch.cat([torch.cos(angle), -torch.sin(angle)]) * window
-        self.register_buffer("dft", dft.float()[:, None, :], persistent=False)
+        self.register_buffer("dft", _dft_kernel(), persistent=False)
 
     def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
         enc = self.encoder
@@ -311,41 +314,69 @@ class StreamingWhisperEncoder(nn.Module):
         return torch.cat(out)[1:].numpy()
 
 
-#: silence after an utterance in :class:`UtteranceContent`'s window (Whisper pads to 30 s: with 1 s its frames
-#: read at cosine 0.96-0.98 to the 30 s window's on six so762_train utterances, at a tenth of the compute)
-UTTERANCE_PAD_SAMPLES = SAMPLE_RATE_HZ
+class UtteranceGraph(nn.Module):
+    """One window of :class:`UtteranceContent` as one graph: ``audio`` (1, N) float32 at 16 kHz, N a multiple
+    of 320 (the utterance and its silence) -> ``z`` (1, N // 320, D): Whisper's log-mel of the window (its
+    floor 8 decades below the window's loudest frame) through the encoder as Whisper runs it."""
+
+    def __init__(self, encoder: WhisperEncoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.register_buffer("filters", torch.from_numpy(mel_filters()), persistent=False)
+        self.register_buffer("dft", _dft_kernel(), persistent=False)
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        x = F.pad(audio[:, None], (N_FFT // 2, N_FFT // 2), mode="reflect")
+        spec = F.conv1d(x, self.dft, stride=HOP_SAMPLES)[..., :-1]  # (B, 402, N // 160), centred frames
+        half = N_FFT // 2 + 1
+        mel = torch.clamp(self.filters @ (spec[:, :half] ** 2 + spec[:, half:] ** 2), min=1e-10).log10()
+        floor = mel.amax(dim=(1, 2), keepdim=True) - LOG_FLOOR_DECADES
+        return self.encoder((torch.maximum(mel, floor) + 4.0) / 4.0)
 
 
 class UtteranceContent:
-    """Whisper's encoder over a whole utterance: the content of the file and corpus path (issue 62), which
-    need no causality. ``encode(audio)``: (T,) float32 at 16 kHz -> (T // 320, D) float32, frame ``i`` on the
-    stream's grid; each utterance alone in its window (never packed with others, so a frame hears its own
-    utterance only), followed by ``UTTERANCE_PAD_SAMPLES`` of silence instead of Whisper's padding to 30 s.
-    Audio longer than a window is read in consecutive windows. ``sha256``: the weights' digest, tagged, for
-    the shards' manifest."""
+    """Whisper's encoder over a whole utterance in torch: the content of the file and corpus path (issue 62;
+    :mod:`rtanon.content.utterance` runs its exported graph). ``encode(audio)``: (T,) float32 at 16 kHz ->
+    (T // 320, D) float32 through :func:`rtanon.content.utterance.encode_utterance`, each utterance alone in
+    its window with a second of silence after it. ``sha256``: the weights' digest, tagged, for the shards'
+    manifest and the exported graph."""
 
     def __init__(self, model: str = "tiny.en") -> None:
         self.model = model
-        self.net = WhisperEncoder.from_ct2(encoder_weights(model)).eval()
-        self.filters = torch.from_numpy(mel_filters())
+        self.graph = UtteranceGraph(WhisperEncoder.from_ct2(encoder_weights(model))).eval()
         self.sha256 = f"whisper-{model}-utterance:{_sha256(whisper_model_dir(model) / 'model.bin')}"
 
     @property
     def output_dim(self) -> int:
-        return self.net.dim
+        return self.graph.encoder.dim
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.graph(torch.from_numpy(x)[None])[0].numpy()
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
-        n = len(audio) // FRAME_SAMPLES
-        window = POSITIONS * FRAME_SAMPLES - UTTERANCE_PAD_SAMPLES
-        out = []
-        with torch.inference_mode():
-            for s in range(0, max(1, n) * FRAME_SAMPLES, window):
-                part = np.asarray(audio[s:min(s + window, n * FRAME_SAMPLES)], np.float32)
-                x = np.zeros(len(part) + UTTERANCE_PAD_SAMPLES, np.float32)
-                x[:len(part)] = part
-                z = self.net(log_mel(torch.from_numpy(x)[None], self.filters))[0]
-                out.append(z[:len(part) // FRAME_SAMPLES])
-        return torch.cat(out).numpy()
+        from rtanon.content.utterance import encode_utterance
+
+        return encode_utterance(audio, self.run)
+
+    def export_onnx(self, path: str | Path) -> Path:
+        """The graph for :class:`rtanon.content.utterance.UtteranceContentModel` (frames dynamic)."""
+        import json
+
+        from rtanon.atomic import atomic_path
+        from rtanon.content.stream import CONFIG_METADATA_KEY
+        from rtanon.content.utterance import KIND
+        from rtanon.train.export import _set_metadata
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with torch.no_grad(), atomic_path(path) as tmp:
+            torch.onnx.export(self.graph, (torch.zeros(1, 50 * FRAME_SAMPLES),), str(tmp), input_names=["audio"],
+                              output_names=["z"], dynamic_axes={"audio": {1: "n_samples"}, "z": {1: "n_frames"}},
+                              opset_version=17, dynamo=False)
+        _set_metadata(path, {CONFIG_METADATA_KEY: json.dumps({"kind": KIND, "whisper": self.model,
+                                                              "content_sha256": self.sha256})})
+        return path
 
 
 class ZeroShotContent:
@@ -432,11 +463,20 @@ def main_export(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--checkpoint", type=Path, default=None, metavar="CKPT",
                     help="a fine-tune's weights (`rtanon train content --whisper` writes OUT/ckpt.pt; its model, "
                          "window and k-means replace --model, --window-frames and --kmeans)")
+    ap.add_argument("--utterance", action="store_true",
+                    help="write the whole-utterance graph instead (files and corpora: `rtanon file --context "
+                         "utterance`; the encoder as Whisper runs it, no streaming)")
     ap.add_argument("--weights", type=Path, default=None, metavar="OUT.pt",
                     help="also write the network's weights in float16 (what --checkpoint and `train content "
                          "--init` read back)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.utterance:
+        if args.checkpoint or args.weights:
+            ap.error("--utterance writes Whisper's encoder as shipped: no --checkpoint or --weights")
+        UtteranceContent(args.model).export_onnx(args.output)
+        print(f"wrote {args.output}")
+        return 0
     meta = {"whisper": args.model, "zero_shot": True}
     ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False) if args.checkpoint else None
     if ck is not None:

@@ -114,8 +114,12 @@ def run(args) -> int:
         if not args.data:
             raise CliError(f"{shards} holds no shards: pass --data DIR [DIR ...] to build them")
         try:
-            extractors = default_extractors(content_onnx=args.content_onnx,
-                                            utterance_content=args.utterance_content)
+            content = None
+            if args.utterance_content is not None:
+                from rtanon.train.whisper import UtteranceContent
+
+                content = UtteranceContent(args.utterance_content)
+            extractors = default_extractors(content_onnx=args.content_onnx, content=content)
             build_shards(list(args.data), shards, extractors, units_dim=extractors.units_dim)
         except ValueError as exc:
             raise CliError(str(exc)) from None

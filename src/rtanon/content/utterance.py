@@ -1,0 +1,157 @@
+"""Whole-utterance content for files and corpora (numpy + onnxruntime only).
+
+A file or a corpus is read whole, so its content encoder need not be causal: every frame may hear the
+entire utterance, as the VoicePrivacy systems read it. :class:`UtteranceContentModel` runs such an
+encoder, Whisper's own (``rtanon lab export-whisper --utterance`` writes its graph, from the weights
+``rtanon.train.whisper.UtteranceContent`` runs in training): :func:`encode_utterance` puts each utterance
+alone in its window followed by :data:`PAD_SAMPLES` of silence (not Whisper's padding to 30 s, which costs
+ten to fifteen times the compute for frames at cosine 0.96-0.98 to these), and reads audio longer than a
+window in consecutive windows.
+
+The per-session part, :class:`UtteranceContentStage`, keeps the stage contract of
+:class:`rtanon.content.stream.ContentEncoderStage` (the same frames completed by each chunk, with the same
+lookahead, so the neural voice's delay and alignment are unchanged), but its frames come from the whole
+signal given to :meth:`~UtteranceContentStage.prime` before the first chunk. Without it there is nothing
+to read: ``steps`` raises, and the session plays comfort noise (the live path cannot use it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from rtanon.batch import Steps, run_alone
+from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES, SAMPLE_RATE_HZ
+from rtanon.stages.base import check_chunk
+
+#: silence after each utterance in its window
+PAD_SAMPLES = SAMPLE_RATE_HZ
+#: audio per window: Whisper's 1,500 positions (30 s at 50 Hz) less the silence after it
+WINDOW_SAMPLES = 1500 * FRAME_SAMPLES - PAD_SAMPLES
+#: ``kind`` in a graph's content metadata (``rtanon.content.stream.CONFIG_METADATA_KEY``)
+KIND = "utterance"
+
+
+def encode_utterance(audio: np.ndarray, run: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """(T,) float32 at 16 kHz -> (T // 320, D) float32: ``run`` (samples, a multiple of 320 -> (samples //
+    320, D)) on each window of the utterance followed by ``PAD_SAMPLES`` of silence, the frames of the
+    silence dropped."""
+    n = len(audio) // FRAME_SAMPLES * FRAME_SAMPLES
+    out = []
+    for s in range(0, max(n, FRAME_SAMPLES), WINDOW_SAMPLES):
+        part = np.asarray(audio[s:min(s + WINDOW_SAMPLES, n)], np.float32)
+        x = np.zeros(len(part) + PAD_SAMPLES, np.float32)
+        x[:len(part)] = part
+        out.append(run(x)[:len(part) // FRAME_SAMPLES])
+    return np.concatenate(out)
+
+
+class UtteranceContentModel:
+    """Shared ONNX Runtime session of a whole-utterance content graph (input ``audio`` (1, N), output ``z``
+    (1, N // 320, D)). ``sha256`` names the content a vocoder was trained on: the graph's recorded
+    ``content_sha256`` (its weights' digest, as the training shards recorded it), not the file's bytes."""
+
+    #: frames come as late as the causal encoder's, so the neural voice's delay is the same
+    lookahead_frames = 1
+    #: its streams read a whole signal first: never a live stream (``Anonymizer.check_streams``)
+    needs_whole_signal = True
+
+    def __init__(self, onnx_path: str | Path, threads: int = 1) -> None:
+        from rtanon.config import ConfigError
+
+        loaded = self.load_if_utterance(onnx_path, threads)
+        if loaded is None:
+            raise ConfigError(f"{onnx_path}: not a whole-utterance content graph (rtanon lab export-whisper "
+                              "--utterance writes one)")
+        self.__dict__.update(loaded.__dict__)
+
+    @classmethod
+    def load_if_utterance(cls, onnx_path: str | Path, threads: int = 1) -> "UtteranceContentModel | None":
+        """The model when ``onnx_path`` is a whole-utterance content graph, None for any other graph (a
+        causal one: :class:`rtanon.content.stream.ContentEncoderModel`)."""
+        from rtanon.content.stream import CONFIG_METADATA_KEY, _ort
+
+        ort = _ort()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        graph = Path(onnx_path).read_bytes()
+        session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+        raw = session.get_modelmeta().custom_metadata_map.get(CONFIG_METADATA_KEY)
+        meta = json.loads(raw) if raw else {}
+        if meta.get("kind") != KIND or [i.name for i in session.get_inputs()] != ["audio"]:
+            return None
+        model = cls.__new__(cls)
+        model.session = session
+        model.file_sha256 = hashlib.sha256(graph).hexdigest()
+        model.sha256 = str(meta["content_sha256"])
+        model.output_dim = int(session.get_outputs()[0].shape[-1])
+        return model
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"audio": x[None]})[0][0]
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """A whole utterance -> its ``z`` (floor(len / 320), D)."""
+        return encode_utterance(audio, self.run)
+
+    def open_stream(self, hop: int) -> "UtteranceContentStage":
+        return UtteranceContentStage(self, hop)
+
+
+class UtteranceContentStage:
+    """Per-session frames of a primed signal (stage contract; see the module docstring)."""
+
+    #: a session streams a signal through it only after ``prime`` (``rtanon.engine.Session.iter_process``)
+    needs_whole_signal = True
+
+    def __init__(self, model: UtteranceContentModel, hop: int) -> None:
+        if hop <= 0 or hop % HOP_SAMPLES:
+            raise ValueError(f"hop={hop}: use a multiple of {HOP_SAMPLES} samples (10 ms at {SAMPLE_RATE_HZ} Hz)")
+        self.model = model
+        self._hop = hop
+        self._z: np.ndarray | None = None
+        self._received = self._given = 0
+
+    @property
+    def hop(self) -> int:
+        return self._hop
+
+    @property
+    def latency_samples(self) -> int:
+        return (-self._hop) % FRAME_SAMPLES + FRAME_SAMPLES * self.model.lookahead_frames
+
+    def prime(self, signal: np.ndarray) -> None:
+        """The whole signal the next chunks will be (16 kHz float32): its frames, and a frame of silence for
+        every frame the stream's flush reads past its end."""
+        z = self.model.encode(signal)
+        silence = self.model.encode(np.zeros(FRAME_SAMPLES, np.float32))
+        self._z, self._silence = z, silence[0]
+        self._received = self._given = 0
+
+    def reset(self) -> None:
+        """Keeps the primed frames and the place in them: they are the signal's, not history (a session
+        resets its stages after a fault and goes on with the next chunk)."""
+
+    def process(self, chunk: np.ndarray) -> np.ndarray:
+        return run_alone(self.steps(chunk))
+
+    def steps(self, chunk: np.ndarray) -> Steps:
+        """``hop`` samples -> (n, D) ``z`` of the frames completed now (frame ``i`` once ``320 (i + 1 + L)``
+        samples have come), as the causal stage gives them."""
+        check_chunk(chunk, self._hop, "UtteranceContentStage.process")
+        if self._z is None:
+            raise RuntimeError("the whole-utterance content needs the whole signal first (files and corpora "
+                               "only, not a live stream)")
+        self._received += chunk.shape[0]
+        ready = max(0, self._received // FRAME_SAMPLES - self.model.lookahead_frames)
+        z = self._z[self._given:ready]
+        if ready - self._given > z.shape[0]:  # the flush after the signal: silence
+            z = np.concatenate([z, np.repeat(self._silence[None], ready - self._given - z.shape[0], axis=0)])
+        self._given = ready
+        return np.ascontiguousarray(z, np.float32)
+        yield  # a generator, as the other stages' steps: no shared call to batch

