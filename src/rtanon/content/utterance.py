@@ -5,8 +5,8 @@ entire utterance, as the VoicePrivacy systems read it. :class:`UtteranceContentM
 encoder, Whisper's own (``rtanon lab export-whisper --utterance`` writes its graph, from the weights
 ``rtanon.train.whisper.UtteranceContent`` runs in training): :func:`encode_utterance` puts each utterance
 alone in its window followed by :data:`PAD_SAMPLES` of silence (not Whisper's padding to 30 s, which costs
-ten to fifteen times the compute for frames at cosine 0.96-0.98 to these), and reads audio longer than a
-window in consecutive windows.
+ten to fifteen times the compute for frames at cosine 0.96-0.98 to these), and cuts audio longer than a
+window at pauses, each window reading a second more either side (:func:`plan_windows`).
 
 The per-session part, :class:`UtteranceContentStage`, keeps the stage contract of
 :class:`rtanon.content.stream.ContentEncoderStage` (the same frames completed by each chunk, with the same
@@ -36,17 +36,51 @@ WINDOW_SAMPLES = 1500 * FRAME_SAMPLES - PAD_SAMPLES
 KIND = "utterance"
 
 
+#: audio either side of a long signal's cut that its window also reads (context, not taken from it)
+CONTEXT_SAMPLES = SAMPLE_RATE_HZ
+#: how far before the latest possible cut the quietest place is looked for
+SEARCH_SAMPLES = 5 * SAMPLE_RATE_HZ
+#: the quietness measure: RMS over this many 20 ms frames
+QUIET_FRAMES = 5
+
+
+def plan_windows(audio: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """How :func:`encode_utterance` reads ``audio``: ``(start, end, read_start, read_end)`` per window, in
+    samples on the 20 ms grid. The ``[start, end)`` cover the signal's whole frames once, in order; each is
+    read with ``CONTEXT_SAMPLES`` more either side where the signal has them (``[read_start, read_end)`` at
+    most ``WINDOW_SAMPLES``). A signal longer than a window is cut at the quietest ``QUIET_FRAMES`` frames
+    (a pause, where there is one) of the last ``SEARCH_SAMPLES`` before the latest cut that fits."""
+    n = len(audio) // FRAME_SAMPLES
+    if n * FRAME_SAMPLES <= WINDOW_SAMPLES:
+        return [(0, n * FRAME_SAMPLES, 0, n * FRAME_SAMPLES)]
+    frames = np.asarray(audio[:n * FRAME_SAMPLES], np.float64).reshape(n, FRAME_SAMPLES)
+    energy = np.convolve(np.mean(frames ** 2, axis=1), np.ones(QUIET_FRAMES) / QUIET_FRAMES, mode="same")
+    f_window, f_ctx, f_search = (v // FRAME_SAMPLES for v in (WINDOW_SAMPLES, CONTEXT_SAMPLES, SEARCH_SAMPLES))
+    plan, start = [], 0
+    while True:
+        read_start = max(0, start - f_ctx)
+        if n - read_start <= f_window:  # the rest fits with its context before it
+            plan.append((start, n, read_start, n))
+            break
+        latest = read_start + f_window - f_ctx  # the cut's context after it must fit too
+        lo = max(start + 1, latest - f_search)
+        cut = lo + int(np.argmin(energy[lo:latest + 1]))
+        plan.append((start, cut, read_start, min(n, cut + f_ctx)))
+        start = cut
+    return [tuple(f * FRAME_SAMPLES for f in w) for w in plan]
+
+
 def encode_utterance(audio: np.ndarray, run: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """(T,) float32 at 16 kHz -> (T // 320, D) float32: ``run`` (samples, a multiple of 320 -> (samples //
-    320, D)) on each window of the utterance followed by ``PAD_SAMPLES`` of silence, the frames of the
-    silence dropped."""
-    n = len(audio) // FRAME_SAMPLES * FRAME_SAMPLES
+    320, D)) on each window of :func:`plan_windows` followed by ``PAD_SAMPLES`` of silence, each window's
+    own frames kept (neither its context's nor the silence's): a long signal's content changes windows in a
+    pause, while the vocoder reading it runs on without a break."""
     out = []
-    for s in range(0, max(n, FRAME_SAMPLES), WINDOW_SAMPLES):
-        part = np.asarray(audio[s:min(s + WINDOW_SAMPLES, n)], np.float32)
-        x = np.zeros(len(part) + PAD_SAMPLES, np.float32)
-        x[:len(part)] = part
-        out.append(run(x)[:len(part) // FRAME_SAMPLES])
+    for start, end, read_start, read_end in plan_windows(audio):
+        x = np.zeros(read_end - read_start + PAD_SAMPLES, np.float32)
+        x[:read_end - read_start] = audio[read_start:read_end]
+        z = run(x)
+        out.append(z[(start - read_start) // FRAME_SAMPLES:(end - read_start) // FRAME_SAMPLES])
     return np.concatenate(out)
 
 
