@@ -78,3 +78,91 @@ def test_the_cli_runs_on_a_local_ray_by_default_and_resumes_on_a_given_cluster(t
     again = subprocess.run([*cmd, "--ray-address", address], capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr
     assert "1 utterances anonymized on 2 Ray workers" in again.stdout and "1 already done" in again.stdout
+
+
+def _long_corpus(root: Path, shared_data: Path, copies: int = 10) -> Path:
+    """A Kaldi dir of 8 so762_train utterances of one speaker, each ``copies`` times under new ids."""
+    src = shared_data / "so762_train"
+    lines = (src / "wav.scp").read_text().splitlines()[:8]
+    utt2spk = dict(line.split() for line in (src / "utt2spk").read_text().splitlines())
+    gender = dict(line.split() for line in (src / "spk2gender").read_text().splitlines())
+    d = root / "data"
+    d.mkdir()
+    scp, u2s = [], []
+    for c in range(copies):
+        for line in lines:
+            utt, path = line.split()
+            scp.append(f"{utt}-{c:02d} {src / path}\n")
+            u2s.append(f"{utt}-{c:02d} {utt2spk[utt]}\n")
+    (d / "wav.scp").write_text("".join(scp))
+    (d / "utt2spk").write_text("".join(u2s))
+    spks = sorted({line.split()[1] for line in u2s})
+    (d / "spk2gender").write_text("".join(f"{s} {gender[s]}\n" for s in spks))
+    return d
+
+
+def _started(pid: int, moment: str, out: Path) -> bool:
+    """Whether the run ``pid`` has reached ``moment``: its actors loading the models, or a first output written."""
+    from test_reliability2 import _command, _process_tree
+
+    if moment == "running":
+        return bool(list(out.glob("*.wav")))
+    return any("CorpusWorker" in _command(child) for child in _process_tree(pid) - {pid})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["starting", "running"])
+def test_sigterm_to_the_process_group_stops_a_ray_run_at_once_and_it_resumes(tmp_path, shared_data, moment):
+    """`timeout` or `kill -TERM -PGID` reaches Ray's GCS and raylet too: the driver used to wait a minute
+    for the dead GCS and die with Ray's error (exit 1), or took 10-20 s, or crashed at exit (139)."""
+    import signal
+    import time
+
+    from test_reliability2 import _process_tree, _start_time, _still_running
+
+    pytest.importorskip("ray", reason="Ray is not installed (the [corpus] extra)")
+    d = _long_corpus(tmp_path, shared_data)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "rtanon", "anonymize-dir", "--data", str(d), "--out", str(out), "--method",
+           "mcadams", "--batch", "1", "--seed", "1", "--no-progress"]
+    proc = subprocess.Popen([*cmd, "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    recorded = {}
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not _started(proc.pid, moment, out):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        recorded = {pid: _start_time(pid) for pid in _process_tree(proc.pid) - {proc.pid}}
+        os.killpg(proc.pid, signal.SIGTERM)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+        while _still_running(recorded) and time.monotonic() - t0 < took + 10:
+            time.sleep(0.1)
+        assert _still_running(recorded) == []  # Ray's processes and the watchdog: none left behind
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        for pid, start in recorded.items():
+            if _start_time(pid) == start:
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert took < 15, (took, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "stopped by SIGTERM" in lines[0] and "rerun the same command" in lines[0], err
+    # what the manifest records is there, complete; no temporary file is left
+    manifest = out / "manifest.json"  # none before the workers started
+    recs = json.loads(manifest.read_text())["utterances"] if manifest.exists() else {}
+    for rec in recs.values():
+        assert tree(out)[rec["output"]] == rec["output_sha256"]
+    assert [p.name for p in out.iterdir() if p.name.endswith(".part")] == []
+    # the same command continues, to what one uninterrupted run (in this process) writes
+    again = subprocess.run([*cmd, "--workers", "2"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"{len(recs)} already done" in again.stdout
+    clean = subprocess.run([*cmd[:7], str(tmp_path / "clean"), *cmd[8:], "--workers", "0"], capture_output=True,
+                           text=True, timeout=300)
+    assert clean.returncode == 0, clean.stderr
+    assert tree(out) == tree(tmp_path / "clean")

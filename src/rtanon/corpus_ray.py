@@ -10,6 +10,14 @@ utterance) and anonymizes the batches of utterances that Ray's
 must see. With the neural method on ``--accelerator cuda|auto`` and GPUs in
 the cluster, each actor asks Ray for its share of a GPU (``num_gpus``) and runs
 the vocoder there. Ray schedules; rtanon only splits the corpus into batches.
+
+A SIGTERM or SIGHUP while a local Ray runs may have reached Ray's own processes too (``timeout``, a shell or
+a supervisor signals the whole process group), and a Ray whose GCS is gone makes the driver's calls wait a
+minute before it ends the process with its own error. So from such a signal on nothing asks Ray anything:
+:class:`_StopWatch` sees the signal at once and has the watchdog kill the local Ray, ``RayExecutor.close``
+and ``stop_ray`` skip Ray's own teardown, and the interrupt reaches the CLI's exit status in seconds (or,
+where a Ray call holds it back, the watch ends the process after STOP_GRACE_S). SIGINT (Ctrl-C, also sent to
+the whole group) leaves Ray's processes running, and Ray is shut down as at the end of a run.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -45,6 +55,19 @@ CLOSE_WAIT_S = 10.0
 #: The watchdog over the local Ray this process started (:mod:`rtanon.ray_watchdog`), like Ray itself one per
 #: process: started by start_ray, told by stop_ray that Ray was shut down.
 _watchdog = None
+#: The signals that end the local Ray at once: sent to the process group, they reached its GCS too.
+_ENDS_RAY = (signal.SIGTERM, signal.SIGHUP)
+#: How long a run may take to stop on its own after one of _ENDS_RAY before its process ends at once.
+STOP_GRACE_S = 3.0
+#: The _StopWatch over the local Ray this process started (started by start_ray, finished by stop_ray).
+_stop = None
+_end_lock = threading.Lock()
+
+
+def stopped_line(signum: int) -> str:
+    """What ``anonymize-dir`` prints when signal ``signum`` stopped it: every output it recorded is complete."""
+    return (f"rtanon anonymize-dir: stopped by {signal.Signals(signum).name}; what is done is recorded in the "
+            "manifest: rerun the same command to continue")
 
 
 def need_ray():
@@ -127,7 +150,9 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     127.0.0.1 only: Ray binds its servers (GCS, raylet, workers, this driver) to loopback when the node's
     address is loopback, which it chooses where it does not offer clusters (``LOOPBACK_ENV`` set to 0, read
     when ray is imported, and its constant for a ray imported before). A watchdog process ends the local
-    Ray's processes should this one be killed (:mod:`rtanon.ray_watchdog`)."""
+    Ray's processes should this one be killed (:mod:`rtanon.ray_watchdog`), and a SIGTERM or SIGHUP ends
+    them at once (:class:`_StopWatch`)."""
+    global _stop
     if not address:
         os.environ[LOOPBACK_ENV] = "0"  # the processes Ray starts inherit it
     ray = need_ray()
@@ -143,24 +168,96 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])  # Ray's workers inherit it
     if address:
         check_address(address)
+    main = threading.current_thread() is threading.main_thread()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         if address:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         else:
             before = ray_watchdog.children(os.getpid()) if ray_watchdog.supported() else {}
-            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=200 * 2**20)
-            _watch_local_ray(before)
+            _stop = _StopWatch(before) if main and ray_watchdog.supported() else None
+            try:
+                ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                         logging_level=logging.ERROR, log_to_driver=False, object_store_memory=200 * 2**20)
+                _watch_local_ray(before)
+            except SystemExit as exc:  # Ray's own SIGTERM handler, while ray.init runs
+                if _stop is None or exc.code != signal.SIGTERM:
+                    raise
+                _stop.seen(signal.SIGTERM)
+                _watch_local_ray(before)
+                _end_local_ray()
+                raise Interrupted(signal.SIGTERM) from None
     except ConnectionError as exc:
         raise CorpusError(f"--ray-address {address}: no Ray cluster there ({exc}); start one with "
                           "`ray start --head`") from None
     finally:  # Ray's core worker takes SIGTERM over (a stack dump, exit 1): the CLI's handlers come back
-        if threading.current_thread() is threading.main_thread():
+        if main:
             for sig, handler in handlers.items():
                 if handler is not None:
-                    signal.signal(sig, handler)
+                    watched = _stop is not None and sig in _ENDS_RAY and callable(handler)
+                    signal.signal(sig, _stop.noting(handler) if watched else handler)
     return dict(ray.cluster_resources())
+
+
+class _StopWatch:
+    """Sees a SIGTERM or SIGHUP the moment it arrives, whatever the main thread does: Python runs signal
+    handlers there only between bytecodes, and a Ray call waiting for a GCS that the signal ended holds
+    them back (or swallows what they raise) for a minute. A thread reads the signal numbers Python's C
+    handler writes to a socket (``signal.set_wakeup_fd``); on one of _ENDS_RAY it notes it (``signum``:
+    from then on nothing asks Ray anything), ends the local Ray (:func:`_end_local_ray`) and, unless the
+    run stopped on its own within STOP_GRACE_S (:meth:`finish`), prints :func:`stopped_line` and ends the
+    process. The run's outputs and manifest are written atomically: a process ended there leaves at most
+    temporary files, which the next run sweeps."""
+
+    def __init__(self, before: dict[int, int]) -> None:
+        self.signum: int | None = None
+        self.before = before  # this process's children before ray.init (the rest is Ray's)
+        self._finished = threading.Event()
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="rtanon-stop-watch", daemon=True).start()
+
+    def seen(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def noting(self, handler):
+        """The signal handler ``handler`` (the CLI's), which first notes the signal."""
+        def noting(signum, frame):
+            self.seen(signum)
+            return handler(signum, frame)
+
+        noting.handler = handler
+        return noting
+
+    def _watch(self) -> None:
+        with self._read:
+            while not self._finished.is_set():
+                try:
+                    data = self._read.recv(64)
+                except OSError:
+                    return
+                if not data:
+                    return
+                for signum in data:
+                    if signum in _ENDS_RAY:
+                        break
+                else:
+                    continue
+                self.seen(signum)
+                _end_local_ray(self.before)
+                if not self._finished.wait(STOP_GRACE_S):
+                    print(stopped_line(self.signum), file=sys.stderr, flush=True)
+                    os._exit(128 + self.signum)
+                return
+
+    def finish(self) -> None:
+        """The run has stopped (or Ray was shut down): the watch ends, Python's wakeup socket comes back."""
+        self._finished.set()
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_fd)
+        self._write.close()  # the watching thread reads the end of its socket
 
 
 @contextmanager
@@ -186,14 +283,45 @@ def _watch_local_ray(before: dict[int, int]) -> None:
 
 
 def stop_ray() -> None:
-    """Shuts Ray down (a local Ray ends; a cluster stays), then lets the local Ray's watchdog go."""
-    global _watchdog
+    """Shuts Ray down (a local Ray ends; a cluster stays), then lets the local Ray's watchdog go; after a
+    SIGTERM or SIGHUP, has the watchdog kill the local Ray instead (:func:`ray_abandoned`)."""
+    global _watchdog, _stop
     ray = need_ray()
-    if ray.is_initialized():
-        ray.shutdown()
-    if _watchdog is not None:
-        ray_watchdog.stop(_watchdog)
-        _watchdog = None
+    if ray_abandoned():
+        _end_local_ray()
+    else:
+        if ray.is_initialized():
+            ray.shutdown()
+        if _watchdog is not None:
+            ray_watchdog.stop(_watchdog)
+            _watchdog = None
+    if _stop is not None:
+        _stop.finish()
+        if threading.current_thread() is threading.main_thread():
+            for sig in _ENDS_RAY:
+                if hasattr(handler := signal.getsignal(sig), "handler"):
+                    signal.signal(sig, handler.handler)
+
+
+def ray_abandoned() -> bool:
+    """Whether a SIGTERM or SIGHUP ended the local Ray without ray.shutdown (:class:`_StopWatch`). This
+    process's own Ray connection is then left as it is, and only ``os._exit`` ends the process at once: its
+    normal exit runs ray.shutdown, which waits a minute for the GCS, or crashes in Ray's threads."""
+    return _stop is not None and _stop.signum is not None
+
+
+def _end_local_ray(before: dict[int, int] | None = None) -> None:
+    """Ends the local Ray without a word to it: its watchdog kills every process Ray started (the GCS, the
+    raylet, its agents, the actors); while ray.init runs (no watchdog yet), this process's children not in
+    ``before`` and their descendants are killed."""
+    global _watchdog
+    with _end_lock:
+        if _watchdog is not None:
+            ray_watchdog.end(_watchdog)
+            _watchdog = None
+        elif before is not None:
+            ray_watchdog.kill_all({pid: t for pid, t in ray_watchdog.children(os.getpid()).items()
+                                   if before.get(pid) != t})
 
 
 class CorpusWorker:
@@ -271,15 +399,20 @@ class RayExecutor:
                               "recorded: rerun the same command to continue") from None
 
     def close(self) -> None:
-        """Kills the actors and waits (at most CLOSE_WAIT_S) until those on this node are gone, so that
-        the temporary files they were writing are a dead writer's, which the caller may sweep."""
+        """Kills the actors (after a SIGTERM or SIGHUP, the whole local Ray: :func:`_end_local_ray`) and
+        waits (at most CLOSE_WAIT_S) until those on this node are gone, so that the temporary files they
+        were writing are a dead writer's, which the caller may sweep."""
         ray = need_ray()
-        for a in self._actors:
-            ray.kill(a)
+        if ray_abandoned():
+            _end_local_ray()
+            here = None  # a local Ray: every actor ran on this node
+        else:
+            for a in self._actors:
+                ray.kill(a)
+            here = ray.get_runtime_context().get_node_id()[:8]
         self._actors = []
-        here = ray.get_runtime_context().get_node_id()[:8]
         pids = [int(pid) for node, _, pid in (name.partition(":") for name, _ in getattr(self, "ready", []))
-                if node == here]
+                if here is None or node == here]
         deadline = time.monotonic() + CLOSE_WAIT_S
         while pids and time.monotonic() < deadline:
             time.sleep(0.05)

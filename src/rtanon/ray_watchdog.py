@@ -11,7 +11,8 @@ start time, every ``POLL_S``. Its standard input is a pipe from the driver. :fun
 ``ray.shutdown``) writes ``done`` and the watchdog exits, killing nothing. End of file with no ``done`` means
 the driver died (the kernel closes the pipe, also after SIGKILL): the watchdog stops every recorded process
 that is still the same process (SIGSTOP, so none starts another), records what they started meanwhile,
-kills them all (SIGKILL) and exits.
+kills them all (SIGKILL) and exits. A driver that cannot shut Ray down (a signal to its process group ended
+Ray's GCS too) closes the pipe itself and waits for that (:func:`end`).
 
 Linux only (``/proc``; :func:`supported`); standard library only: the watchdog runs this file's :func:`main`
 in ``python -I`` (``_RUN``), importing nothing of rtanon, and is no command of its own.
@@ -89,7 +90,7 @@ def _signal(known: dict[int, int], pids, sig: int) -> None:
                 pass
 
 
-def _kill_all(known: dict[int, int]) -> None:
+def kill_all(known: dict[int, int]) -> None:
     """Stops every recorded process and its descendants until none is left to find, then kills them."""
     stopped: set[int] = set()
     _record(known)
@@ -116,7 +117,7 @@ def main(argv: list[str]) -> int:
             if DONE in received:
                 return 0
             if not chunk:  # the driver is gone without a word
-                _kill_all(known)
+                kill_all(known)
                 return 0
         _record(known)
 
@@ -133,6 +134,17 @@ def stop(watchdog: subprocess.Popen) -> None:
     """Tells the watchdog that the driver ended Ray itself, and waits for it to exit."""
     try:
         watchdog.communicate(DONE, timeout=STOP_WAIT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        watchdog.kill()
+        watchdog.wait()
+
+
+def end(watchdog: subprocess.Popen) -> None:
+    """Has the watchdog kill every process it recorded, as if the driver had died, and waits (at most
+    STOP_WAIT_S) until it has."""
+    try:
+        watchdog.stdin.close()
+        watchdog.wait(timeout=STOP_WAIT_S)
     except (OSError, subprocess.TimeoutExpired):
         watchdog.kill()
         watchdog.wait()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from rtanon.commands._common import add_engine_args, add_seed_arg, config_from_args, identity_from_args
-from rtanon.errors import install_hint
+from rtanon.errors import Interrupted, install_hint
 
 DESCRIPTION = """\
 Writes OUT/<utt-id>.wav for every utterance of KALDI_DIR, plus wav.scp, utt2spk, spk2gender (and spk2age,
@@ -108,7 +109,7 @@ def anonymize(data, out, config, identity, args) -> int:
     from pathlib import Path
 
     from rtanon.corpus import CorpusPlan, InProcessExecutor, run_corpus
-    from rtanon.corpus_ray import RAY_PIN, ray_installed
+    from rtanon.corpus_ray import RAY_PIN, ray_abandoned, ray_installed, stopped_line
     from rtanon.paths import printable
 
     plan = CorpusPlan(data, Path(out), config, assignment=args.assignment, seed=args.seed, identity=identity,
@@ -119,24 +120,34 @@ def anonymize(data, out, config, identity, args) -> int:
         print(f"rtanon anonymize-dir: Ray is not installed, so this runs in this process ({asked} needs "
               f"{install_hint('corpus')}, {RAY_PIN})", file=sys.stderr)
         in_process = True
-    if in_process:
-        result = run_corpus(plan, lambda: InProcessExecutor(config, identity))
-        where = "in this process"
-    else:
-        from rtanon.corpus_ray import RayExecutor, start_ray, stop_ray
+    try:
+        if in_process:
+            result = run_corpus(plan, lambda: InProcessExecutor(config, identity))
+            where = "in this process"
+        else:
+            from rtanon.corpus_ray import RayExecutor, start_ray, stop_ray
 
-        start_ray(args.ray_address, args.workers)
-        try:
-            executors = []
+            start_ray(args.ray_address, args.workers)
+            try:
+                executors = []
 
-            def factory():
-                executors.append(RayExecutor(config, identity, args.workers))
-                return executors[-1]
+                def factory():
+                    executors.append(RayExecutor(config, identity, args.workers))
+                    return executors[-1]
 
-            result = run_corpus(plan, factory)
-            where = f"on {executors[0].workers} Ray workers" if executors else "on Ray"
-        finally:
-            stop_ray()
+                result = run_corpus(plan, factory)
+                where = f"on {executors[0].workers} Ray workers" if executors else "on Ray"
+            finally:
+                stop_ray()
+    except (Interrupted, KeyboardInterrupt) as exc:  # every output so far is complete and in the manifest
+        signum = getattr(exc, "signum", signal.SIGINT)
+        after_ctrl_c = "\n" if signum == signal.SIGINT else ""  # the terminal's ^C ends no line
+        print(after_ctrl_c + stopped_line(signum), file=sys.stderr)
+        if not in_process and ray_abandoned():  # every file is written and closed: nothing else to run at exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        return 128 + signum
     speed = f", {result.audio_s / result.process_s:.1f}x real time" if result.process_s else ""
     print(f"{result.out}: {result.done} utterances anonymized {where} ({result.audio_s / 3600:.3f} h of audio"
           f"{speed}), {result.skipped} already done, {len(result.failed)} failed")
