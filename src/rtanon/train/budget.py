@@ -137,10 +137,14 @@ class Models:
         return config.get("content_sha256") or Models().content_digest()
 
     def content_digest(self) -> str:
-        """sha256 of the content encoder graph."""
+        """sha256 of the content encoder graph (of a whole-utterance graph: the weights' digest it records,
+        the name its vocoders record)."""
         from rtanon.content.stream import packaged_model_path
+        from rtanon.content.utterance import UtteranceContentModel
         from rtanon.neural.backends import file_sha256
 
+        if self.content is not None and (utterance := UtteranceContentModel.load_if_utterance(self.content)):
+            return utterance.sha256
         with packaged_model_path() as p:
             return file_sha256(self.content or p)
 
