@@ -131,7 +131,7 @@ def test_anonymize_dir_writes_a_kaldi_dir_and_pins_voices_only_with_a_seed(tmp_p
 
 def test_speaker_assignment_gives_one_voice_per_speaker(tiny_kaldi):
     from rtanon import Anonymizer
-    from rtanon.corpus import voice_seed
+    from rtanon.corpus.run import voice_seed
 
     a = Anonymizer()
     v = [a.open_session(seed=voice_seed(9, spk)).voice for spk in ("s1", "s1", "s2")]

@@ -1,4 +1,4 @@
-"""Corpus anonymization for release (rtanon.corpus, `rtanon anonymize-dir`): checks before the first
+"""Corpus anonymization for release (rtanon.corpus.run, `rtanon anonymize-dir`): checks before the first
 write, outputs confined to --out, resume after kill -9, per-utterance failures, pseudo-speaker assignment.
 These run in this process (--workers 0); tests/test_corpus_ray.py runs the same on Ray."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rtanon.errors import install_hint
-from rtanon.corpus import CorpusError, CorpusPlan, InProcessExecutor, check_utterance_id, run_corpus
+from rtanon.corpus.run import CorpusError, CorpusPlan, InProcessExecutor, check_utterance_id, run_corpus
 from rtanon.config import AnonymizerConfig
 from rtanon.engine import Anonymizer
 from rtanon.kaldi import KaldiDir, KaldiDirError
@@ -318,7 +318,7 @@ def test_the_neural_method_batches_a_workers_utterances_with_the_same_audio(tmp_
     import soundfile as sf
 
     from rtanon.config import AnonymizerConfig
-    from rtanon.corpus import process_batch
+    from rtanon.corpus.run import process_batch
 
     pytest.importorskip("onnxruntime", reason="the neural method needs onnxruntime")
     d = KaldiDir.load(make_corpus(tmp_path, shared_data, 4))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rtanon.config import AnonymizerConfig, NeuralConfig
-from rtanon.corpus import CorpusError, CorpusPlan, InProcessExecutor, run_corpus
-from rtanon.corpus_ray import gpus_per_worker
+from rtanon.corpus.run import CorpusError, CorpusPlan, InProcessExecutor, run_corpus
+from rtanon.corpus.on_ray import gpus_per_worker
 from rtanon.kaldi import KaldiDir
 from test_corpus import make_corpus, tree  # pytest puts tests/ on sys.path (no __init__.py)
 
@@ -33,7 +33,7 @@ def test_gpu_actors_take_a_share_of_the_clusters_gpus_for_the_neural_method():
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray", reason="Ray is not installed (the [corpus] extra)")
-    from rtanon.corpus_ray import start_ray, stop_ray
+    from rtanon.corpus.on_ray import start_ray, stop_ray
 
     start_ray(None, 2)
     yield ray
@@ -41,7 +41,7 @@ def ray_local():
 
 
 def test_ray_workers_give_the_bytes_of_one_process_and_load_models_once(tmp_path, shared_data, ray_local):
-    from rtanon.corpus_ray import RayExecutor
+    from rtanon.corpus.on_ray import RayExecutor
 
     d = make_corpus(tmp_path, shared_data, 4, copies=2)
     data = KaldiDir.load(d)

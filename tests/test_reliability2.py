@@ -531,7 +531,7 @@ def test_ray_processes_go_within_seconds_when_the_driver_is_killed(tmp_path, spe
 
 _DRIVER = """
 import os, subprocess, sys
-from rtanon import ray_watchdog
+from rtanon.corpus import ray_watchdog
 before = ray_watchdog.children(os.getpid())
 child = subprocess.Popen(["sh", "-c", "read go; sleep 60 <&- >&- 2>&- & echo $!; exec sleep 60 >&-"],
                          stdin=subprocess.PIPE, text=True)
@@ -621,7 +621,7 @@ def test_the_local_ray_listens_on_loopback_only():
     pytest.importorskip("ray")
     if shutil.which("ss") is None:
         pytest.skip("needs ss (iproute2)")
-    script = ("from rtanon.corpus_ray import start_ray, stop_ray\nstart_ray(None, 1)\nprint('READY', flush=True)\n"
+    script = ("from rtanon.corpus.on_ray import start_ray, stop_ray\nstart_ray(None, 1)\nprint('READY', flush=True)\n"
               "input()\nstop_ray()\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)

@@ -95,7 +95,7 @@ def run(args) -> int:
     identity = identity_from_args(args)
     data = KaldiDir.load(args.data)
     if args.bench:
-        from rtanon.corpus_bench import bench
+        from rtanon.corpus.bench import bench
 
         bench(data, config, workers=args.workers or os.cpu_count() or 1, address=args.ray_address,
               limit=args.limit, batch=args.batch, seed=args.seed, repeat=args.repeat)
@@ -108,8 +108,8 @@ def run(args) -> int:
 def anonymize(data, out, config, identity, args) -> int:
     from pathlib import Path
 
-    from rtanon.corpus import CorpusPlan, InProcessExecutor, run_corpus
-    from rtanon.corpus_ray import RAY_PIN, ray_abandoned, ray_installed, stopped_line
+    from rtanon.corpus.run import CorpusPlan, InProcessExecutor, run_corpus
+    from rtanon.corpus.on_ray import RAY_PIN, ray_abandoned, ray_installed, stopped_line
     from rtanon.paths import printable
 
     plan = CorpusPlan(data, Path(out), config, assignment=args.assignment, seed=args.seed, identity=identity,
@@ -125,7 +125,7 @@ def anonymize(data, out, config, identity, args) -> int:
             result = run_corpus(plan, lambda: InProcessExecutor(config, identity))
             where = "in this process"
         else:
-            from rtanon.corpus_ray import RayExecutor, start_ray, stop_ray
+            from rtanon.corpus.on_ray import RayExecutor, start_ray, stop_ray
 
             start_ray(args.ray_address, args.workers)
             try:

@@ -36,9 +36,9 @@ def _model(kind: str, **kw):
 
 def anonymize_shard(anonymizer_config, subset, out: str, assignment: str, seed: int) -> tuple[int, dict]:
     """Anonymizes one shard (a KaldiDir of whole speakers) with
-    :func:`rtanon.corpus.anonymize_dir`. Returns the number of utterances and
+    :func:`rtanon.corpus.run.anonymize_dir`. Returns the number of utterances and
     the CPU seconds spent, ``{"anonymize": s}``."""
-    from rtanon.corpus import anonymize_dir
+    from rtanon.corpus.run import anonymize_dir
     from rtanon.engine import Anonymizer
 
     t = time.process_time()

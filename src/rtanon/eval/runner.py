@@ -3,7 +3,7 @@
 ``run_eval(EvalConfig(data=..., out=..., anonymizer=AnonymizerConfig(method=M)))``
 
 1. **Anonymize** (per system other than ``original``), with
-   :func:`rtanon.corpus.anonymize_dir` in speaker shards over ``jobs``
+   :func:`rtanon.corpus.run.anonymize_dir` in speaker shards over ``jobs``
    processes: the evaluation data with speaker-level pseudo-voices (seed S;
    what the speaker publishes), its enrolment utterances again with other
    pseudo-voices (seed S+1; the informed attacker's enrolment), and a subset

@@ -95,7 +95,7 @@ def run(config, token: str, base, *, address: str, host: str, port: int, replica
     import ray
     from ray import serve
 
-    from rtanon.corpus_ray import start_ray, stop_ray
+    from rtanon.corpus.on_ray import start_ray, stop_ray
 
     start_ray(None if address == "local" else address)  # a local Ray on loopback, with its watchdog
     try:

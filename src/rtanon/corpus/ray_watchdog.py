@@ -2,7 +2,7 @@
 
 Ray ties its GCS and raylet to the driver that started them (the kernel kills them with it), but the
 raylet's dashboard and runtime-env agents, on losing it, report to the dead GCS and wait about a minute
-for it before they exit; a driver killed with SIGKILL cannot end them itself. So ``corpus_ray.start_ray``
+for it before they exit; a driver killed with SIGKILL cannot end them itself. So ``on_ray.start_ray``
 starts this watchdog right after it started a local Ray (:func:`start`, in a session of its own, so that a
 signal to the driver's process group spares it), naming the processes ``ray.init`` started.
 

@@ -2,7 +2,7 @@
 
 The same utterances, with the same voices (a fixed seed), are anonymized
 
-1. in this process (:class:`rtanon.corpus.InProcessExecutor`), the baseline,
+1. in this process (:class:`rtanon.corpus.run.InProcessExecutor`), the baseline,
    alternating with Ray with 1 actor (``repeat`` times each, Ray started for
    both, so load changes hit both alike);
 2. on Ray with 2, ... ``workers`` actors (a local Ray, or the cluster at
@@ -31,7 +31,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from rtanon.corpus import MANIFEST_FILE, CorpusPlan, InProcessExecutor, run_corpus
+from rtanon.corpus.run import MANIFEST_FILE, CorpusPlan, InProcessExecutor, run_corpus
 from rtanon.kaldi import KaldiDir
 
 
@@ -112,7 +112,7 @@ def bench(data: KaldiDir, config, workers: int, address: str | None = None, limi
     from statistics import median
 
     from rtanon.audio_io import probe
-    from rtanon.corpus_ray import RayExecutor, start_ray, stop_ray
+    from rtanon.corpus.on_ray import RayExecutor, start_ray, stop_ray
 
     seed = 0 if seed is None else seed
     data = _subset(data, limit)

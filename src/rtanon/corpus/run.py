@@ -17,7 +17,7 @@ of the input plus ``wav.scp``, ``utt2spk``, ``spk2gender`` (and ``spk2age``,
 3. skips what ``OUT/manifest.json`` says is done when its input hash, the
    settings and the output file's hash still match (an input that changed is
    redone), and hands the rest to an executor in batches: in this process
-   (:class:`InProcessExecutor`) or on Ray actors (:mod:`rtanon.corpus_ray`);
+   (:class:`InProcessExecutor`) or on Ray actors (:mod:`rtanon.corpus.on_ray`);
 4. writes every output atomically and records it in the manifest (utterance
    id, input sha256, output path and sha256, pseudo-speaker id, method, model
    hashes) as results arrive; a failing utterance is recorded with its error

@@ -32,9 +32,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from rtanon import ray_watchdog
 from rtanon.atomic import pid_alive
-from rtanon.corpus import CorpusError, process_batch, warm_up
+from rtanon.corpus import ray_watchdog
+from rtanon.corpus.run import CorpusError, process_batch, warm_up
 from rtanon.errors import Interrupted, install_hint
 from rtanon.paths import printable
 
@@ -52,7 +52,7 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: How long closing waits for killed actors to be gone.
 CLOSE_WAIT_S = 10.0
 
-#: The watchdog over the local Ray this process started (:mod:`rtanon.ray_watchdog`), like Ray itself one per
+#: The watchdog over the local Ray this process started (:mod:`rtanon.corpus.ray_watchdog`), like Ray itself one per
 #: process: started by start_ray, told by stop_ray that Ray was shut down.
 _watchdog = None
 #: The signals that end the local Ray at once: sent to the process group, they reached its GCS too.
@@ -150,7 +150,7 @@ def start_ray(address: str | None = None, workers: int | None = None) -> dict:
     127.0.0.1 only: Ray binds its servers (GCS, raylet, workers, this driver) to loopback when the node's
     address is loopback, which it chooses where it does not offer clusters (``LOOPBACK_ENV`` set to 0, read
     when ray is imported, and its constant for a ray imported before). A watchdog process ends the local
-    Ray's processes should this one be killed (:mod:`rtanon.ray_watchdog`), and a SIGTERM or SIGHUP ends
+    Ray's processes should this one be killed (:mod:`rtanon.corpus.ray_watchdog`), and a SIGTERM or SIGHUP ends
     them at once (:class:`_StopWatch`)."""
     global _stop
     if not address:
