@@ -34,7 +34,7 @@ def speech_paths(shared_data) -> list[Path]:
 @pytest.fixture(scope="session")
 def speech(speech_paths) -> np.ndarray:
     """One real utterance, 16 kHz mono float32."""
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     return read_audio(speech_paths[0])
 
@@ -43,7 +43,7 @@ def speech(speech_paths) -> np.ndarray:
 def mini_train(tmp_path, shared_data) -> Path:
     """A Kaldi-style folder of three so762_train utterances (paths into ../shared, nothing copied), for a
     recipe's few steps."""
-    from rtanon.kaldi import KaldiDir, write_map
+    from rtanon.io.kaldi import KaldiDir, write_map
 
     src = KaldiDir.load(shared_data / "so762_train")
     utts = sorted(src.wav)[:3]

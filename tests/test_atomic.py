@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rtanon import atomic
-from rtanon.audio_io import AudioFileError, AudioWriter
+from rtanon.io.audio import AudioFileError, AudioWriter
 
 
 def _leftovers(directory):

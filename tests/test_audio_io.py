@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from rtanon import Anonymizer
-from rtanon.audio_io import AudioWriter, AudioFileError, anonymize_file, probe, read_blocks
+from rtanon.io.audio import AudioWriter, AudioFileError, anonymize_file, probe, read_blocks
 
 
 def _sha(path):

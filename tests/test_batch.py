@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtanon.audio_io import read_audio
+from rtanon.io.audio import read_audio
 import threading
 
 from rtanon.batch import Call, Failed, Workers, run_alone, run_batched

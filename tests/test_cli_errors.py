@@ -280,7 +280,7 @@ def test_file_runs_without_portaudio_and_devices_says_what_to_install(tmp_path):
     stub.mkdir()
     (stub / "sounddevice.py").write_text("raise OSError('PortAudio library not found')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(stub), os.environ.get("PYTHONPATH", "")])}
-    from rtanon.resources import demo_speech_path
+    from rtanon.io.resources import demo_speech_path
 
     with demo_speech_path() as sample:
         out = _rtanon("file", "--seed", "1", str(sample), str(tmp_path / "out.wav"), env=env)

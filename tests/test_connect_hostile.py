@@ -24,7 +24,7 @@ pytest.importorskip("aiohttp")
 from aiohttp import WSMsgType, web  # noqa: E402
 
 from rtanon.analysis import windowed_max_xcorr as raw_voice_score  # noqa: E402
-from rtanon.audio_io import read_audio  # noqa: E402
+from rtanon.io.audio import read_audio  # noqa: E402
 from rtanon.live import LiveCore  # noqa: E402
 from rtanon.serve.protocol import pack_frame, unpack_frame  # noqa: E402
 from rtanon.serve.remote import ECHO_MEMORY_FRAMES, EchoCheck, RemoteConfig, RemoteSession  # noqa: E402

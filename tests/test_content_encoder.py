@@ -140,7 +140,7 @@ def test_train_recipe_runs_and_resumes(tmp_path, mini_train):
 
     from rtanon.content.config import ContentModelConfig
     from rtanon.train.content import TrainConfig, load_checkpoint, train_content
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     data = mini_train
     spk = sorted(set(KaldiDir.load(data).utt2spk.values()))

@@ -20,7 +20,7 @@ from rtanon.errors import install_hint
 from rtanon.corpus.run import CorpusError, CorpusPlan, InProcessExecutor, check_utterance_id, run_corpus
 from rtanon.config import AnonymizerConfig
 from rtanon.engine import Anonymizer
-from rtanon.kaldi import KaldiDir, KaldiDirError
+from rtanon.io.kaldi import KaldiDir, KaldiDirError
 
 REPO = Path(__file__).resolve().parents[1]
 

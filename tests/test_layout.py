@@ -99,10 +99,10 @@ def test_the_error_base_is_a_leaf_and_every_user_error_derives_from_it():
     """``rtanon.errors`` imports nothing of rtanon (any module may raise its errors), and the CLI's one-line
     errors are exactly the subclasses of ``UserError``."""
     assert _import_graph()["rtanon.errors"] == set()
-    from rtanon.audio_io import AudioFileError
+    from rtanon.io.audio import AudioFileError
     from rtanon.config import ConfigError
     from rtanon.errors import CliError, UserError
-    from rtanon.kaldi import KaldiDirError
+    from rtanon.io.kaldi import KaldiDirError
     from rtanon.neural.backends import BackendUnavailable
     from rtanon.stages.neural import VocoderMissing
 

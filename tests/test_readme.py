@@ -117,7 +117,7 @@ def _run(argv, env, cwd, timeout=300):
 @pytest.fixture(scope="module")
 def talk(demo, speech_paths):
     """talk.wav in the commands' folder: two utterances of real speech."""
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     x = np.concatenate([read_audio(p) for p in speech_paths[:2]])
     sf.write(demo.work / "talk.wav", x, RATE)

@@ -105,7 +105,7 @@ class _Boom:
 
 
 def test_a_file_whose_every_chunk_failed_is_an_error_not_an_output(tmp_path, speech):
-    from rtanon.audio_io import anonymize_file
+    from rtanon.io.audio import anonymize_file
 
     src, out = tmp_path / "in.wav", tmp_path / "o.wav"
     sf.write(src, speech[: 2 * RATE], RATE)
@@ -147,7 +147,7 @@ def test_a_signal_swallowed_by_a_destructor_stops_the_run_at_the_next_block(tmp_
     the half torn-down object printed a traceback at exit, so inside a destructor the handler only
     remembers (the destructor runs to its end)."""
     from rtanon import cli, errors
-    from rtanon.audio_io import read_blocks
+    from rtanon.io.audio import read_blocks
 
     raised = errors.Interrupted if raised == "Interrupted" else raised
     src = tmp_path / "s.wav"
@@ -177,7 +177,7 @@ def test_a_signal_inside_numbas_compiler_is_raised_at_the_next_block(tmp_path, s
     exception went off inside llvmlite's ctypes callback and the process died of a segmentation fault (-11,
     2 of 27 runs). In Numba's or llvmlite's Python code the handler only remembers; the reader raises."""
     from rtanon import cli, errors
-    from rtanon.audio_io import read_blocks
+    from rtanon.io.audio import read_blocks
 
     src = tmp_path / "s.wav"
     sf.write(src, np.tile(speech, 3), RATE)
@@ -281,7 +281,7 @@ def test_a_stage_that_passes_its_input_on_gives_comfort_noise(speech, mode, allp
 def test_the_guard_does_not_fault_real_methods_on_real_speech(speech_paths, method):
     if method == "neural":
         pytest.importorskip("onnxruntime")
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     session = Anonymizer(AnonymizerConfig(method=method)).open_session(seed=1)
     x = np.concatenate([read_audio(p) for p in speech_paths[:4]])

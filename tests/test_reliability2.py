@@ -118,7 +118,7 @@ class _SilentThenBoom:
 
 
 def test_a_file_where_no_chunk_was_anonymized_is_a_failed_run(tmp_path, wav):
-    from rtanon.audio_io import anonymize_file
+    from rtanon.io.audio import anonymize_file
 
     session = Anonymizer(AnonymizerConfig(method="mcadams")).open_session(seed=0)
     session.stages.insert(0, _SilentThenBoom())
@@ -656,7 +656,7 @@ def test_a_failed_utterances_error_is_escaped_in_the_run_report(tmp_path, wav, s
 
 def test_a_byte_order_mark_in_a_kaldi_table_is_not_part_of_the_first_key(tmp_path, wav):
     """Windows editors start UTF-8 files with a BOM; the first utterance id must still be 'u1'."""
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     data = tmp_path / "bom"
     data.mkdir()

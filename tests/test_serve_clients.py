@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from rtanon.analysis import envelope_delay_s, max_xcorr  # noqa: E402
-from rtanon.audio_io import read_audio  # noqa: E402
+from rtanon.io.audio import read_audio  # noqa: E402
 from rtanon.config import AnonymizerConfig, McAdamsConfig  # noqa: E402
 from rtanon.live import LiveConfig, LiveCore  # noqa: E402
 from rtanon.serve.remote import RemoteConfig, RemoteSession  # noqa: E402
@@ -207,7 +207,7 @@ def test_connect_client_needs_no_model_runtime(server, speech_paths):
     script = BLOCK_MODELS + f"""
 import numpy as np
 import rtanon.commands.connect, rtanon.cli
-from rtanon.audio_io import read_audio
+from rtanon.io.audio import read_audio
 from rtanon.live import LiveCore
 from rtanon.serve.remote import RemoteSession
 rtanon.cli.build_parser()

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rtanon.audio_io import read_audio  # noqa: E402
+from rtanon.io.audio import read_audio  # noqa: E402
 from rtanon.content.stream import ContentEncoderModel  # noqa: E402
 from rtanon.train.shards import ShardDataset, ShardWriter  # noqa: E402
 from rtanon.train.travel import TorchContentEncoder, pack_shards, unpack_shards  # noqa: E402

@@ -156,7 +156,7 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, speech_paths):
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.pulse import PulseDaemon
 
     tmp = tmp_path_factory.mktemp("ui")

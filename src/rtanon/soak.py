@@ -108,7 +108,7 @@ def schedule(duration_s: float, period_s: float | None = None) -> list[Fault]:
 
 def speech_for_soak(paths: list[str], gap_s: float = 0.5) -> np.ndarray:
     """The utterances in ``paths`` (any audio rtanon reads), each followed by ``gap_s`` of silence."""
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     gap = np.zeros(int(gap_s * RATE), np.float32)
     parts = []

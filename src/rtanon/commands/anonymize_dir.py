@@ -83,7 +83,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from rtanon.errors import CliError
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     if args.workers is not None and args.workers < 0:
         raise CliError(f"--workers {args.workers}: use 0 (this process) or more")

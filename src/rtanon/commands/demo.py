@@ -24,11 +24,11 @@ def run(args) -> int:
 
     import numpy as np
 
-    from rtanon.audio_io import AudioWriter, check_output, read_audio
+    from rtanon.io.audio import AudioWriter, check_output, read_audio
     from rtanon.commands._common import anonymizer_from_args, identity_from_args, invoked_as
     from rtanon.config import SAMPLE_RATE_HZ
     from rtanon.methods import voice_sentence
-    from rtanon.resources import demo_speech_path
+    from rtanon.io.resources import demo_speech_path
 
     out = Path(args.out)
     orig = out.with_name(out.stem + "-original" + out.suffix)

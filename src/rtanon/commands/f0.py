@@ -21,7 +21,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from rtanon.atomic import atomic_open
-    from rtanon.audio_io import probe, read_audio
+    from rtanon.io.audio import probe, read_audio
     from rtanon.errors import CliError
     from rtanon.f0.tracker import frame_times_s, resolve_kernel, track
 

@@ -25,7 +25,7 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
-    from rtanon.audio_io import anonymize_file, check_output, probe
+    from rtanon.io.audio import anonymize_file, check_output, probe
     from rtanon.methods import voice_sentence
 
     info = probe(args.input)

@@ -82,7 +82,7 @@ def run_new(args: argparse.Namespace) -> int:
               theta_fd=args.theta_fd, rng=rng)
     try:
         if args.enroll:
-            from rtanon.audio_io import read_audio
+            from rtanon.io.audio import read_audio
             from rtanon.identity.encoder import make_encoder
 
             try:

@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rtanon.corpus.run import MANIFEST_FILE, CorpusPlan, InProcessExecutor, run_corpus
-from rtanon.kaldi import KaldiDir
+from rtanon.io.kaldi import KaldiDir
 
 
 def _subset(data: KaldiDir, limit: int | None) -> KaldiDir:
@@ -111,7 +111,7 @@ def bench(data: KaldiDir, config, workers: int, address: str | None = None, limi
     1-worker Ray runs alternate ``repeat`` times, so a change in the machine's load hits both alike."""
     from statistics import median
 
-    from rtanon.audio_io import probe
+    from rtanon.io.audio import probe
     from rtanon.corpus.on_ray import RayExecutor, start_ray, stop_ray
 
     seed = 0 if seed is None else seed

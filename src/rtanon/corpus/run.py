@@ -45,7 +45,7 @@ import numpy as np
 
 from rtanon import atomic
 from rtanon.errors import UserError
-from rtanon.kaldi import KaldiDir, write_map
+from rtanon.io.kaldi import KaldiDir, write_map
 from rtanon.paths import printable
 
 ASSIGNMENTS = ("speaker", "utterance")
@@ -128,7 +128,7 @@ def check_corpus(src: KaldiDir, out: Path, progress: bool = False) -> list[Utter
     """Every check before the first output (module docstring, step 1); returns the utterances, sorted."""
     from tqdm import tqdm
 
-    from rtanon.audio_io import probe
+    from rtanon.io.audio import probe
 
     for utt in src.wav:
         check_utterance_id(utt)
@@ -251,7 +251,7 @@ def _voices(plan: CorpusPlan, settings: dict) -> dict[str, int]:
 
 def _anonymize_one(anonymizer, identity, job: dict, session=None) -> dict:
     """One utterance; a failure comes back as ``{"error"}`` instead of raising."""
-    from rtanon.audio_io import anonymize_file
+    from rtanon.io.audio import anonymize_file
 
     res = {"utt": job["utt"], "seconds": job["seconds"], "pid": os.getpid()}
     try:

@@ -57,7 +57,7 @@ def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int,
     timings [(start_s, end_s, word), ...] by Whisper tiny.en's forced alignment of ``align_text`` (the
     reference transcript; None: its own transcript of the file); empty for audio longer than one Whisper
     window. Returns the results and the CPU seconds per analysis (model loading included)."""
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.config import SAMPLE_RATE_HZ
 
     cpu = {}
@@ -93,7 +93,7 @@ def analyze(path: str, wants: tuple[str, ...], asr_beam_size: int, threads: int,
 def embed_slices(path: str, bounds: tuple, threads: int) -> tuple[np.ndarray, dict]:
     """The attacker's embeddings of one file's slices, ``bounds`` =
     ((start_s, end_s), ...): (n, 256) float32, and the CPU seconds."""
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.eval.slicing import cut
 
     t = time.process_time()

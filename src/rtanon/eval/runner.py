@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from rtanon.config import AnonymizerConfig, ConfigError
-from rtanon.kaldi import KaldiDir, KaldiDirError, write_map
+from rtanon.io.kaldi import KaldiDir, KaldiDirError, write_map
 
 ORIGINAL = "original"
 BASELINE = "mcadams"

@@ -124,9 +124,9 @@ def run_benchmark(data: Path, n_files: int, config: F0Config | None = None, chun
                   progress=print, other_references: bool = True) -> Report:
     """``n_files`` per corpus, evenly spaced (0: every file); ``other_references=False`` skips harvest
     and Praat (pYAAPT, the reference of the GPE/VDE and speed figures, always runs)."""
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.f0.tracker import cpp_available, track
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     config = config or F0Config()
     rep = Report()

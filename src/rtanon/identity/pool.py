@@ -144,7 +144,7 @@ class SpeakerPool:
 
 def _speaker_stats(encoder, wavs: list, tracker: str, f0_max_seconds: float) -> tuple[list, np.ndarray]:
     """Utterance embeddings and voiced F0 values (Hz) of one speaker's files."""
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.constants import SAMPLE_RATE_HZ
     from rtanon.identity.pitch import track_f0_hz
 
@@ -194,7 +194,7 @@ def build_pool(data_dirs: list[str | Path], encoder="resemblyzer", *, f0_tracker
 
     from rtanon.identity.encoder import ENCODERS, make_encoder
     from rtanon.identity.pitch import quantiles_hz, resolve_tracker
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     tracker = resolve_tracker(f0_tracker)
     dirs = [KaldiDir.load(d) for d in data_dirs]

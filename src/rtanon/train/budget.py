@@ -286,7 +286,7 @@ def analyse_utterance(path: str, rows: tuple[str, ...], seed: int, asr: tuple[st
     """Renders one utterance's rows and reads each back: {row: {"text:MODEL": str, "phones": str}}."""
     import torch
 
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     torch.set_num_threads(1)
     x = read_audio(path)
@@ -383,7 +383,7 @@ def voice_seed(seed: int, utt: str) -> int:
 
 def _pick(data: Path, per_speaker: int, seed: int):
     from rtanon.eval.scenarios import seeded_shuffle
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(data)
     utts = [u for s in kd.speakers for u in

@@ -250,11 +250,11 @@ def phone_error_rates(checkpoint: Path, data_dirs: list[Path], per_speaker: int 
     frames (its training target)."""
     import hama
 
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.eval.metrics import error_counts
     from rtanon.eval.runner import _per_speaker
     from rtanon.eval.textnorm import normalize
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
     from rtanon.train.teacher import hama_phone_posteriors, phone_frames
 
     reader = StudentReader(checkpoint)

@@ -138,7 +138,7 @@ def copysyn(args) -> None:
     from rtanon.eval.metrics import error_counts
     from rtanon.eval.textnorm import normalize
     from rtanon.identity.speaker import IdentityModel
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
     from rtanon.train.shards import default_extractors
     from rtanon.neural.vocoder import load_generator
 

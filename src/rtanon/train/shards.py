@@ -324,8 +324,8 @@ def build_shards(data_dirs: list[str | Path], out_dir: str | Path, extractors: E
     (their utterances in memory together, for the embedding)."""
     from tqdm import tqdm
 
-    from rtanon.audio_io import read_audio
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.audio import read_audio
+    from rtanon.io.kaldi import KaldiDir
 
     dirs = [KaldiDir.load(d) for d in data_dirs]
     for d in dirs:

@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
     from rtanon.config import AnonymizerConfig, NeuralConfig
     from rtanon.engine import Anonymizer
     from rtanon.f0.tracker import frame_times_s, track
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(args.data)
     x = read_audio(kd.wav[args.utt])

@@ -33,7 +33,7 @@ from rtanon import atomic
 from rtanon.atomic import atomic_open
 from rtanon.constants import FRAME_SAMPLES
 from rtanon.errors import install_hint
-from rtanon.kaldi import KaldiDir
+from rtanon.io.kaldi import KaldiDir
 
 WINDOW_SAMPLES = 480000  # Whisper's 30 s window
 TEACHER_DIM = 384
@@ -87,7 +87,7 @@ class CorpusCache:
 
 
 def _read_utts(kd: KaldiDir) -> tuple[list[str], list[np.ndarray]]:
-    from rtanon.audio_io import read_audio
+    from rtanon.io.audio import read_audio
 
     utts = sorted(kd.wav)
     return utts, [read_audio(kd.wav[u]) for u in utts]

@@ -52,7 +52,7 @@ def run(args) -> int:
     from rtanon.config import AnonymizerConfig, NeuralConfig
     from rtanon.engine import Anonymizer
     from rtanon.eval.asr import WhisperTranscriber
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     data = KaldiDir.load(args.data)
     utts = sorted(u for u in data.wav if u in data.text)
@@ -83,7 +83,7 @@ def run(args) -> int:
 def from_eval(args) -> int:
     """Per-utterance rows of one system of an ``rtanon eval`` output, from its cached transcripts (the
     transcript of ``OUT/systems/SYSTEM/dev/**/UTT.wav``, or of the data's own file for ``original``)."""
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.kaldi import KaldiDir
 
     data = KaldiDir.load(args.data)
     cached = json.loads((Path(args.eval_dir) / "cache" / "transcripts.json").read_text())
