@@ -1,4 +1,4 @@
-"""`rtanon.analysis.max_xcorr`, the yardstick of every fail-closed test: 1 for a copy, however quiet it is
+"""`rtanon.eval.signal.max_xcorr`, the yardstick of every fail-closed test: 1 for a copy, however quiet it is
 while audible; never above 1 where the other signal falls silent."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtanon.analysis import MIN_COPY_RMS, max_xcorr
+from rtanon.eval.signal import MIN_COPY_RMS, max_xcorr
 
 
 @pytest.mark.parametrize("gain", [1.0, 1e-2, 1e-3])

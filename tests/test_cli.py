@@ -162,7 +162,7 @@ def test_a_sound_server_error_is_one_line():
     """pactl's two lines of error were printed with a literal \\n between them."""
     import shutil
 
-    from rtanon import pulse
+    from rtanon.live import pulse
 
     if shutil.which("pactl") is None:
         pytest.skip("needs pactl")

@@ -198,7 +198,7 @@ def test_live_without_any_sound_device(args):
 def test_live_with_a_device_that_does_not_exist(args, contains):
     if shutil.which("pulseaudio") is None or shutil.which("pactl") is None:
         pytest.skip("needs pulseaudio and pactl (apt-get install pulseaudio pulseaudio-utils libasound2-plugins)")
-    from rtanon.pulse import PulseDaemon
+    from rtanon.live.pulse import PulseDaemon
 
     with PulseDaemon() as pd:
         if not _device_count(pd.env):

@@ -23,9 +23,9 @@ pytest.importorskip("aiohttp")
 
 from aiohttp import WSMsgType, web  # noqa: E402
 
-from rtanon.analysis import windowed_max_xcorr as raw_voice_score  # noqa: E402
+from rtanon.eval.signal import windowed_max_xcorr as raw_voice_score  # noqa: E402
 from rtanon.io.audio import read_audio  # noqa: E402
-from rtanon.live import LiveCore  # noqa: E402
+from rtanon.live.core import LiveCore  # noqa: E402
 from rtanon.serve.protocol import pack_frame, unpack_frame  # noqa: E402
 from rtanon.serve.remote import ECHO_MEMORY_FRAMES, EchoCheck, RemoteConfig, RemoteSession  # noqa: E402
 from test_serve import TOKEN  # noqa: E402
@@ -170,7 +170,8 @@ def test_connect_exits_1_when_the_server_sends_the_voice_back(hostile, speech, t
     """The command's wiring: the live loop stops once the session failed, and `rtanon connect` exits 1 with
     the reason (the live loop on the test's fake device clock instead of sound devices)."""
     import rtanon.commands._common
-    import rtanon.live
+    import rtanon.live.devices
+    import rtanon.live.loop
     from rtanon.cli import main
 
     server = hostile(ready_then(ECHOES["at half volume"]))
@@ -184,8 +185,8 @@ def test_connect_exits_1_when_the_server_sends_the_voice_back(hostile, speech, t
         return core
 
     monkeypatch.setattr(rtanon.commands._common, "import_sounddevice", lambda: None)
-    monkeypatch.setattr(rtanon.live, "resolve_device", lambda spec, kind: (None, {}))
-    monkeypatch.setattr(rtanon.live, "run_live", fake_run_live)
+    monkeypatch.setattr(rtanon.live.devices, "resolve_device", lambda spec, kind: (None, {}))
+    monkeypatch.setattr(rtanon.live.loop, "run_live", fake_run_live)
     code = main(["connect", "--server", server.url, "--token-file", str(tmp_path / "token"), "--quiet",
                  "--pipeline-ms", "200"])  # room for a loaded machine: the answers must come back to be checked
     err = capsys.readouterr().err

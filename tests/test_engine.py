@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rtanon import Anonymizer, AnonymizerConfig
-from rtanon.analysis import max_xcorr
+from rtanon.eval.signal import max_xcorr
 from rtanon.config import ConfigError, StreamConfig, VadConfig
 
 RAW_COPY = 0.9  # max_xcorr of a signal with a copy of itself is 1.0

@@ -6,10 +6,10 @@ import json
 import numpy as np
 
 from rtanon import Anonymizer
-from rtanon.analysis import max_xcorr
+from rtanon.eval.signal import max_xcorr
 from rtanon.config import AnonymizerConfig, StreamConfig
-from rtanon.live import LiveCore
-from rtanon.live_control import LiveSettings, load_settings, save_settings
+from rtanon.live.core import LiveCore
+from rtanon.live.control import LiveSettings, load_settings, save_settings
 from test_live_core import _drive
 
 
@@ -146,7 +146,7 @@ def test_the_browser_gets_the_token_through_a_private_file_not_its_command_line(
 
 
 def test_each_new_voice_keeps_clear_of_the_last(tmp_path):
-    from rtanon.live_control import LiveControl
+    from rtanon.live.control import LiveControl
     from rtanon.methods import NEW_VOICE_MIN_ALPHA_GAP
 
     control = LiveControl(LiveSettings(method="mcadams"), settings_file=tmp_path / "live-ui.json")
@@ -166,7 +166,7 @@ def test_the_page_offers_the_command_lines_choices():
     from importlib import resources
 
     from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS
-    from rtanon.live_control import ACTIONS
+    from rtanon.live.control import ACTIONS
 
     page = resources.files("rtanon").joinpath("ui", "static", "index.html").read_text()
     app = resources.files("rtanon").joinpath("ui", "static", "app.js").read_text()
@@ -187,7 +187,7 @@ def test_the_privacy_point_is_an_action_checked_like_the_others(tmp_path):
     import pytest
 
     from rtanon.config import ConfigError
-    from rtanon.live_control import LiveControl
+    from rtanon.live.control import LiveControl
 
     path = tmp_path / "live-ui.json"
     control = LiveControl(LiveSettings(method="mcadams"), settings_file=path)
@@ -216,7 +216,7 @@ def test_the_privacy_point_is_an_action_checked_like_the_others(tmp_path):
 
 
 def test_the_page_says_when_compute_cannot_keep_up_and_what_to_do(tmp_path):
-    from rtanon.live_control import LiveControl
+    from rtanon.live.control import LiveControl
 
     control = LiveControl(LiveSettings(method="mcadams"), settings_file=tmp_path / "live-ui.json")
     control.act({"action": "new_voice"})

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from rtanon import Anonymizer
-from rtanon.analysis import max_xcorr
-from rtanon.live import LiveConfig, LiveCore
+from rtanon.eval.signal import max_xcorr
+from rtanon.live.config import LiveConfig
+from rtanon.live.core import LiveCore
 from stage_doubles import SlowStage
 
 

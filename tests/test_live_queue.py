@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 from rtanon import Anonymizer
-from rtanon import live as live_mod
-from rtanon.live import LiveConfig, RecentValues, _OutputPath, server_latency
+from rtanon.live import output as live_mod
+from rtanon.live.config import LiveConfig
+from rtanon.live.output import _OutputPath
+from rtanon.live.recent import RecentValues
+from rtanon.live.server import server_latency
 
 RATE = 16000
 CHUNK = 320  # 20 ms
@@ -138,7 +141,7 @@ def test_recent_values_summarise_the_latest_or_those_since_a_mark():
 def test_server_latency_is_asked_for_while_open_and_a_users_value_is_kept(monkeypatch):
     import os
 
-    from rtanon.live import PIPEWIRE_PULSE_FLOORS
+    from rtanon.live.server import PIPEWIRE_PULSE_FLOORS
 
     floors = [f"PULSE_PROP_{key}" for key in PIPEWIRE_PULSE_FLOORS]
     for var in ["PULSE_LATENCY_MSEC", *floors]:
@@ -185,7 +188,7 @@ class _FakeStream:
 
 
 def _watched_device(monkeypatch, clock):
-    from rtanon.live import DeviceStream
+    from rtanon.live.stream import DeviceStream
 
     dev = DeviceStream("output", "pulse", {"PULSE_SINK": "rtanon_sink"}, RATE, BLOCK, callback=None)
     opened = []
@@ -212,7 +215,7 @@ def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
     """A 10-minute run on PulseAudio: after an underrun the ALSA pulse plug-in's output stream stayed
     'active' and never called back again; the virtual microphone fell silent for good. Under CPU overload
     (the soak) it hung so for 2.5 s at a time, until the old limit reopened it."""
-    from rtanon.live import DeviceStream
+    from rtanon.live.stream import DeviceStream
 
     dev, opened = _watched_device(monkeypatch, clock)
     first = dev.stream
@@ -237,7 +240,7 @@ def test_a_stream_that_stopped_calling_back_is_reopened(monkeypatch, clock):
 
 def test_time_the_process_did_not_run_is_no_stall(monkeypatch, clock):
     """SIGSTOP or a starved process: the watch itself comes late; the stream gets STALL_S from then."""
-    from rtanon.live import DeviceStream
+    from rtanon.live.stream import DeviceStream
 
     dev, _ = _watched_device(monkeypatch, clock)
     first = dev.stream

@@ -150,7 +150,7 @@ def test_pinned_identity_is_used(random_vocoder, model, identity):
 
 
 def test_the_voice_tag_stays_with_an_identity_and_tells_twins_apart(random_vocoder, identity):
-    from rtanon.live_control import describe_voice
+    from rtanon.live.control import describe_voice
 
     cfg = replace(AnonymizerConfig(), method="neural", neural=NeuralConfig(vocoder_onnx=str(random_vocoder)))
     anon = Anonymizer(cfg)

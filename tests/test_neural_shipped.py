@@ -68,7 +68,7 @@ def test_output_pitch_is_the_mapped_pitch(anonymizer, speech):
 
 
 def test_output_is_speech_where_the_input_speaks_and_not_the_input(anonymizer, speech):
-    from rtanon.analysis import max_xcorr
+    from rtanon.eval.signal import max_xcorr
 
     out = anonymizer.open_session(seed=3).process_signal(speech)
     db_in, db_out = _frame_db(speech), _frame_db(out)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from rtanon.analysis import envelope, envelope_delay_s, max_xcorr
+from rtanon.eval.signal import envelope, envelope_delay_s, max_xcorr
 
 pytestmark = pytest.mark.pulse
 TOOLS = ("pactl", "parec", "paplay")
@@ -31,7 +31,7 @@ SEED = 7  # pins the pseudo-voice of the live sessions (McAdams alpha 0.84)
 
 def _start(server):
     """The private ``server``, started, or a skip that says why it cannot start here."""
-    from rtanon.pulse import DAEMONS, PulseError
+    from rtanon.live.pulse import DAEMONS, PulseError
 
     try:
         return DAEMONS[server]().__enter__()
@@ -265,7 +265,7 @@ def test_bench_e2e_measures_a_latency(server):
     assert all(parts[k] is not None and parts[k] >= 0 for k in parts), parts
     assert abs(result["delay_parts_sum_ms"] - result["e2e_latency_ms"]) < 30.0
     assert "missed deadlines" in proc.stderr and "sum of the parts" in proc.stderr
-    from rtanon.live import LiveConfig
+    from rtanon.live.config import LiveConfig
 
     assert result["out_block_ms"] == LiveConfig().out_block_ms  # missed deadlines counted per output callback
     assert result["xcorr_mic_vs_played"] > 0.6 > result["xcorr_anon_vs_played"]

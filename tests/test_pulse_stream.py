@@ -1,4 +1,4 @@
-"""rtanon.pulse_stream.PulseOutputStream on a private PulseAudio server: it plays what its callback writes,
+"""rtanon.live.pulse_stream.PulseOutputStream on a private PulseAudio server: it plays what its callback writes,
 goes on playing after underruns (the ALSA plug-in's stream restarts, and can hang, there), says when its
 sink went away, and says why the server refused it."""
 
@@ -20,8 +20,8 @@ RATE, BLOCK = 48000, 480
 
 @pytest.fixture
 def server(monkeypatch):
-    from rtanon import pulse_stream
-    from rtanon.pulse import PulseDaemon
+    from rtanon.live import pulse_stream
+    from rtanon.live.pulse import PulseDaemon
 
     if not pulse_stream.available():
         pytest.skip("libpulse-simple is not installed (apt-get install libpulse0)")
@@ -55,7 +55,7 @@ def _wait_blocks(times, n, timeout_s=5.0) -> int:
 
 
 def test_plays_the_callbacks_audio_and_goes_on_after_underruns(server):
-    from rtanon.pulse_stream import PulseOutputStream
+    from rtanon.live.pulse_stream import PulseOutputStream
 
     rec = subprocess.Popen(["parec", "--device=out.monitor", "--format=float32le", f"--rate={RATE}", "--channels=1",
                             "--latency-msec=20", "--raw"], env=server.env, stdout=subprocess.PIPE)
@@ -91,7 +91,7 @@ def test_plays_the_callbacks_audio_and_goes_on_after_underruns(server):
 def test_a_server_that_goes_away_ends_the_stream_and_abort_returns_at_once(server):
     """(A sink that goes away moves its streams to the default sink: `DeviceStream.watch` closes the stream
     when the named sink is gone, as it does PortAudio's.)"""
-    from rtanon.pulse_stream import PulseOutputStream
+    from rtanon.live.pulse_stream import PulseOutputStream
 
     times = []
     stream = PulseOutputStream("out", RATE, BLOCK, _tone_callback(times), latency_ms=15)
@@ -111,7 +111,7 @@ def test_a_server_that_goes_away_ends_the_stream_and_abort_returns_at_once(serve
 
 
 def test_the_stream_asks_for_its_own_buffer_whatever_pulse_latency_msec_says(server, monkeypatch):
-    from rtanon.pulse_stream import PulseOutputStream
+    from rtanon.live.pulse_stream import PulseOutputStream
 
     monkeypatch.setenv("PULSE_LATENCY_MSEC", "300")  # libpulse would put 300 ms in place of the 5 ms asked
     times = []
@@ -127,7 +127,7 @@ def test_the_stream_asks_for_its_own_buffer_whatever_pulse_latency_msec_says(ser
 
 
 def test_a_refused_stream_says_why(server):
-    from rtanon.pulse_stream import PulseOutputStream, PulseStreamError
+    from rtanon.live.pulse_stream import PulseOutputStream, PulseStreamError
 
     stream = PulseOutputStream("no_such_sink", RATE, BLOCK, _tone_callback([]), latency_ms=15)
     with pytest.raises(PulseStreamError, match="no_such_sink"):

@@ -98,7 +98,7 @@ def pulse(demo):
     missing = [t for t in ("pulseaudio", "pactl") if shutil.which(t) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils libasound2-plugins)")
-    from rtanon.pulse import PulseDaemon
+    from rtanon.live.pulse import PulseDaemon
 
     with PulseDaemon() as pd:
         env = {**pd.env, **{k: demo.env[k] for k in ("PYTHONPATH", "RTANON_TEST_HIDDEN_MODULES")}}
@@ -198,7 +198,7 @@ def check_live_ui(argv, demo, request):
 
 
 def check_file(argv, demo, request):
-    from rtanon.analysis import max_xcorr
+    from rtanon.eval.signal import max_xcorr
 
     x = request.getfixturevalue("talk")
     proc = _run(argv, demo.env, demo.work)

@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 
 from rtanon import Anonymizer, AnonymizerConfig
-from rtanon.analysis import max_xcorr
+from rtanon.eval.signal import max_xcorr
 from rtanon.errors import RunFailed, UserError
 from stage_doubles import SlowStage
 
@@ -292,7 +292,7 @@ def test_the_guard_does_not_fault_real_methods_on_real_speech(speech_paths, meth
 # -- 7. bench counts missed deadlines in a simulated live loop -------------------------------------------
 
 def test_bench_live_loop_counts_missed_deadlines(speech, monkeypatch):
-    from rtanon import bench
+    from rtanon.live import bench
 
     anonymizer = Anonymizer(AnonymizerConfig(method="mcadams"))
     original = anonymizer.open_session
@@ -318,7 +318,7 @@ def test_bench_prints_the_guard_cost_and_the_live_loop():
 def test_the_status_delay_is_the_servers_where_it_reports_one():
     from types import SimpleNamespace
 
-    from rtanon.live import DelayMeter
+    from rtanon.live.delay import DelayMeter
 
     meter = DelayMeter()
     assert meter.device_ms() is None  # nothing reported yet: the status line says "estimated"
@@ -343,7 +343,7 @@ def test_the_status_delay_is_the_servers_where_it_reports_one():
 
 def test_the_soak_analysis_would_see_raw_voice_and_measures_the_delay(speech_paths):
     """A positive control for `rtanon soak`'s figures: an output that is the microphone 250 ms late."""
-    from rtanon.soak import Fault, SoakRun, analyze, speech_for_soak
+    from rtanon.live.soak import Fault, SoakRun, analyze, speech_for_soak
 
     x = speech_for_soak([str(p) for p in speech_paths])
     x = np.resize(x, 60 * RATE)
@@ -360,7 +360,7 @@ def test_the_soak_report_names_the_fault_after_which_the_delay_moved(speech_path
     """The hour-long soak's delay climbed 47 ms while live's own parts stayed flat; the report now says
     after which kind of fault the delay moved: here the output is 250 ms late before a CPU fault and 290
     ms after it."""
-    from rtanon.soak import Fault, SoakRun, analyze, format_report, speech_for_soak
+    from rtanon.live.soak import Fault, SoakRun, analyze, format_report, speech_for_soak
 
     x = np.resize(speech_for_soak([str(p) for p in speech_paths]), 60 * RATE)
     y = np.concatenate((np.zeros(RATE // 4, np.float32), x))[: x.shape[0]]
@@ -378,7 +378,7 @@ def test_the_soaks_raw_voice_check_is_relative_to_the_runs_fault_free_windows():
     """Issue 44 item 5: the hour-long neural soak printed FAIL for a fault-free window at 0.258 while every
     fault window stayed at or below 0.181. Fault windows are judged against the same run's fault-free ones;
     a raw copy (above 0.95 at any delay) fails wherever it is."""
-    from rtanon.soak import RAW_XCORR, raw_voice_check
+    from rtanon.live.soak import RAW_XCORR, raw_voice_check
 
     rng = np.random.default_rng(0)
     fault_free = list(0.06 + 0.2 * rng.beta(2.0, 8.0, 660))  # an hour of 5 s windows, the neural voice's level
@@ -406,7 +406,7 @@ def test_the_soaks_raw_voice_check_is_relative_to_the_runs_fault_free_windows():
 def test_the_soak_analysis_passes_the_methods_own_level_and_fails_a_late_raw_copy_in_a_fault(speech_paths):
     from rtanon import Anonymizer
     from rtanon.config import AnonymizerConfig
-    from rtanon.soak import Fault, SoakRun, analyze, format_report, speech_for_soak
+    from rtanon.live.soak import Fault, SoakRun, analyze, format_report, speech_for_soak
 
     x = np.resize(speech_for_soak([str(p) for p in speech_paths]), 60 * RATE)
     y = Anonymizer(AnonymizerConfig(method="mcadams")).open_session(seed=3).process_signal(x)
@@ -427,8 +427,8 @@ def test_a_recorders_bursty_stamps_keep_the_waveform_whole(speech):
     ~20 ms. The recorders behind `bench --e2e` and the soak place blocks by sample count within a run, so
     the waveform stays whole (it scored 0.40 against what was played through PipeWire, 0.99 now); a block
     after lost input, or stamped far off the run's clock, starts a new run at its own time."""
-    from rtanon.analysis import max_xcorr
-    from rtanon.pulse import SourceRecorder
+    from rtanon.eval.signal import max_xcorr
+    from rtanon.live.pulse import SourceRecorder
 
     rec = object.__new__(SourceRecorder)  # no stream: the blocks a callback would have stamped
     x = speech[: 3 * RATE]
@@ -452,7 +452,7 @@ def test_a_recorders_drifting_sample_clock_is_followed_not_smeared():
     """A soak's output sink delivered its samples 31 ppm faster than the monotonic clock: placed at a
     constant offset per run, 20 minutes read as a 27 ms drift of the delay that was not there. Blocks now
     sit on the line that fits the run's stamps; the run summary shows the slope; a lost block starts a run."""
-    from rtanon.pulse import SourceRecorder
+    from rtanon.live.pulse import SourceRecorder
 
     rec = object.__new__(SourceRecorder)
     n = 60_000  # 600 s of 10 ms blocks

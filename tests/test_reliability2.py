@@ -244,7 +244,7 @@ BAD_ACTIONS = [
 
 @pytest.fixture
 def control(tmp_path):
-    from rtanon.live_control import LiveControl, LiveSettings
+    from rtanon.live.control import LiveControl, LiveSettings
 
     return LiveControl(LiveSettings(method="mcadams"), settings_file=tmp_path / "live-ui.json")
 
@@ -269,7 +269,7 @@ def test_a_valid_device_action_is_saved(tmp_path, control):
 @pytest.mark.parametrize("stored", [{"input": {"a": 1}}, {"output": 5}, {"chunk_ms": 20.5}, {"chunk_ms": True},
                                     {"method": ["mcadams"]}, [1], "[" * 50_000])
 def test_saved_settings_of_the_wrong_type_give_the_defaults(tmp_path, stored):
-    from rtanon.live_control import LiveSettings, load_settings
+    from rtanon.live.control import LiveSettings, load_settings
 
     path = tmp_path / "live-ui.json"
     path.write_text(stored if isinstance(stored, str) else json.dumps(stored))

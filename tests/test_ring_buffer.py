@@ -1,5 +1,5 @@
 """Contract of the live loop's SPSC ring buffer: the native one (rtanon._core.RingBuffer) and the Python
-one an install without a C++ compiler runs (rtanon.ring_buffer.PyRingBuffer)."""
+one an install without a C++ compiler runs (rtanon.live.ring_buffer.PyRingBuffer)."""
 
 import threading
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rtanon._core import RingBuffer as NativeRingBuffer
-from rtanon.ring_buffer import PyRingBuffer
+from rtanon.live.ring_buffer import PyRingBuffer
 
 
 @pytest.fixture(params=[NativeRingBuffer, PyRingBuffer], ids=["cpp", "python"])

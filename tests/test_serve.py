@@ -19,7 +19,7 @@ pytest.importorskip("aiohttp")
 
 import aiohttp  # noqa: E402
 
-from rtanon.analysis import windowed_max_xcorr  # noqa: E402
+from rtanon.eval.signal import windowed_max_xcorr  # noqa: E402
 from rtanon.io.audio import read_audio  # noqa: E402
 from rtanon.config import AnonymizerConfig, McAdamsConfig  # noqa: E402
 from rtanon.serve import host as server_module  # noqa: E402

@@ -24,12 +24,13 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from rtanon.analysis import envelope_delay_s, max_xcorr  # noqa: E402
+from rtanon.eval.signal import envelope_delay_s, max_xcorr  # noqa: E402
 from rtanon.io.audio import read_audio  # noqa: E402
 from rtanon.config import AnonymizerConfig, McAdamsConfig  # noqa: E402
-from rtanon.live import LiveConfig, LiveCore  # noqa: E402
+from rtanon.live.core import LiveCore  # noqa: E402
+from rtanon.live.config import LiveConfig
 from rtanon.serve.remote import RemoteConfig, RemoteSession  # noqa: E402
-from rtanon.analysis import windowed_max_xcorr as raw_voice_score  # noqa: E402
+from rtanon.eval.signal import windowed_max_xcorr as raw_voice_score  # noqa: E402
 from test_serve import TOKEN, Running  # noqa: E402
 
 RATE = 16000
@@ -208,7 +209,7 @@ def test_connect_client_needs_no_model_runtime(server, speech_paths):
 import numpy as np
 import rtanon.commands.connect, rtanon.cli
 from rtanon.io.audio import read_audio
-from rtanon.live import LiveCore
+from rtanon.live.core import LiveCore
 from rtanon.serve.remote import RemoteSession
 rtanon.cli.build_parser()
 x = read_audio({str(speech_paths[5])!r})[: 3 * 16000]
@@ -248,7 +249,7 @@ def test_connect_through_the_virtual_microphone_then_ctrl_c(server, tmp_path, sp
             pytest.skip(f"needs {tool} (apt-get install pulseaudio pulseaudio-utils libasound2-plugins)")
     import soundfile as sf
 
-    from rtanon.pulse import PulseDaemon
+    from rtanon.live.pulse import PulseDaemon
 
     speech = read_audio(speech_paths[6])
     pad = np.zeros(RATE // 2, np.float32)

@@ -23,7 +23,7 @@ if missing:
 
 
 def test_a_short_soak_survives_every_fault_without_raw_voice(speech_paths, tmp_path):
-    from rtanon.soak import FAULTS, TARGETS
+    from rtanon.live.soak import FAULTS, TARGETS
 
     report_path = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, "-m", "rtanon", "soak", "--method", "mcadams", "--duration", "60",
@@ -51,7 +51,7 @@ def test_a_short_soak_survives_every_fault_without_raw_voice(speech_paths, tmp_p
 def test_a_report_without_fault_free_windows_prints_no_nan():
     """`soak --duration 60` had no fault-free windows at both ends: the report printed `median nan ms` and
     `drift +nan ms`; it says that the figure is missing and why."""
-    from rtanon.soak import format_report
+    from rtanon.live.soak import format_report
 
     nan = float("nan")
     report = {

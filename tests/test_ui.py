@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from rtanon.analysis import max_xcorr
-from rtanon.live_control import LiveSettings
+from rtanon.eval.signal import max_xcorr
+from rtanon.live.control import LiveSettings
 from test_live_control import leak_score
 
 pytestmark = pytest.mark.pulse
@@ -157,7 +157,7 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, speech_paths):
     from rtanon.io.audio import read_audio
-    from rtanon.pulse import PulseDaemon
+    from rtanon.live.pulse import PulseDaemon
 
     tmp = tmp_path_factory.mktemp("ui")
     with PulseDaemon() as pd:

@@ -19,7 +19,7 @@ Map of the package. What ships (the run time):
   the base of the errors the CLI prints in one line;
   ``rtanon.io.kaldi``, ``rtanon.corpus.run`` (on Ray: ``rtanon.corpus.on_ray``): Kaldi-style corpora.
 - ``rtanon.live``: the real-time loop (PortAudio callback + worker thread);
-  ``rtanon.pulse``: PulseAudio/PipeWire virtual microphone and a private test daemon.
+  ``rtanon.live.pulse``: PulseAudio/PipeWire virtual microphone and a private test daemon.
 - ``rtanon.bench``: latency and compute benchmarks; ``rtanon.eval``: privacy
   and utility evaluation.
 - ``rtanon.cli``, ``rtanon.commands``: the ``rtanon`` command.

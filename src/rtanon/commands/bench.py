@@ -16,7 +16,8 @@ def register(sub) -> None:
                     "PulseAudio daemon (or PipeWire: --server pipewire). With --json stdout is one line of JSON "
                     "(the table goes to stderr): rtanon bench --json > figures.json")
     add_engine_args(p)
-    from rtanon.bench import BENCH_STAGES, E2E_WINDOW_S
+    from rtanon.bench import BENCH_STAGES
+    from rtanon.live.bench import E2E_WINDOW_S
 
     p.add_argument("--stage", default=None, metavar="NAME",
                    help=f"time one stage alone: {', '.join(BENCH_STAGES)}")
@@ -227,6 +228,7 @@ def _print_json(args, result: dict) -> None:
 def _run(args) -> int:
     from rtanon import bench
     from rtanon.commands._common import config_from_args
+    from rtanon.live import bench as live_bench
     from rtanon.engine import Anonymizer
     from rtanon.errors import CliError
 
@@ -245,7 +247,7 @@ def _run(args) -> int:
         result = bench.bench_compute(anonymizer, signal)
         title = f"method {result['method']}"
         if args.live_seconds > 0:
-            result["live_loop"] = bench.bench_live_loop(anonymizer, signal, args.live_seconds)
+            result["live_loop"] = live_bench.bench_live_loop(anonymizer, signal, args.live_seconds)
         if args.streams:
             try:
                 result["streams"] = bench.bench_streams(anonymizer, args.streams)
@@ -260,10 +262,10 @@ def _run(args) -> int:
         if not 5 <= args.e2e_seconds <= 7200:
             raise CliError(f"--e2e-seconds {args.e2e_seconds}: use 5 to 7200")
         try:
-            result.update(bench.measure_e2e(args.method, args.chunk_ms, seconds=args.e2e_seconds, server=args.server,
-                                            progress=_progress_line("end to end")))
+            result.update(live_bench.measure_e2e(args.method, args.chunk_ms, seconds=args.e2e_seconds,
+                                                 server=args.server, progress=_progress_line("end to end")))
         except Exception as exc:
-            from rtanon.pulse import PulseError
+            from rtanon.live.pulse import PulseError
 
             if isinstance(exc, (PulseError, OSError)):
                 raise CliError(f"end-to-end measurement needs PulseAudio and PortAudio: {exc}") from None
@@ -318,13 +320,12 @@ def _progress_line(what: str):
 
 def print_delay_budget(r: dict) -> None:
     """The end-to-end delay budget: the parts rtanon live reports, their sum, and the delay measured."""
-    from rtanon import bench
-    from rtanon.bench import E2E_WINDOW_S
+    from rtanon.live.bench import DELAY_PARTS, E2E_WINDOW_S, MIN_REFERENCE_XCORR
 
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     print(f"end-to-end delay, fake microphone -> rtanon live -> virtual microphone ({r['server']}, "
           f"{r['e2e_seconds']:.0f} s of speech):")
-    for key, label in bench.DELAY_PARTS:
+    for key, label in DELAY_PARTS:
         print(f"  {label:<40}{fmt(r['delay_parts_ms'][key]):>8} ms")
     print(f"  {'sum of the parts':<40}{r['delay_parts_sum_ms']:>8.1f} ms")
     print(f"  {'measured, median of ' + str(r['e2e_windows']) + ' windows':<40}{fmt(r['e2e_latency_ms']):>8} ms   "
@@ -339,7 +340,7 @@ def print_delay_budget(r: dict) -> None:
     if r["overloaded_statuses"] or r["overload_drops"]:
         print(f"  overloaded in {r['overloaded_statuses']} status lines; {r['overload_drops']} chunks of pauses "
               "dropped to keep the delay")
-    if r["recorder_overflows"] or r["xcorr_mic_vs_played"] <= bench.MIN_REFERENCE_XCORR:
+    if r["recorder_overflows"] or r["xcorr_mic_vs_played"] <= MIN_REFERENCE_XCORR:
         print(f"warning: the fake microphone's recording is not a faithful copy of what was played (similarity "
               f"{r['xcorr_mic_vs_played']:.2f}, {r['recorder_overflows']} overflows, {r['attempts']} attempts: the "
               "machine was too busy); measure again on a quieter machine")

@@ -131,7 +131,8 @@ def run(args) -> int:
     token = load_token(args.token_file, "copy the server's --token-file again")
     start = start_message(args)
     import_sounddevice()
-    from rtanon.live import resolve_device, run_live
+    from rtanon.live.devices import resolve_device
+    from rtanon.live.loop import run_live
 
     session = RemoteSession(url, token, start, config).open()  # the server's refusal first: it says the most
     ready = session.ready  # checked: a ready message for this session (rtanon.serve.client.check_ready)

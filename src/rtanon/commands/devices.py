@@ -28,9 +28,9 @@ def _portaudio(sd) -> list[dict]:
 
 
 def _pulse() -> dict:
-    """The sound server's sources and sinks as ``rtanon.pulse`` lists them for the control page, or the
+    """The sound server's sources and sinks as ``rtanon.live.pulse`` lists them for the control page, or the
     reason it cannot."""
-    from rtanon import pulse
+    from rtanon.live import pulse
 
     try:
         out = {"error": None}
@@ -48,7 +48,7 @@ def run(args) -> int:
 
     from rtanon.commands._common import import_sounddevice
     from rtanon.errors import CliError
-    from rtanon.live import NO_DEVICES_HINT
+    from rtanon.live.devices import NO_DEVICES_HINT
 
     portaudio = _portaudio(import_sounddevice())
     server = _pulse()

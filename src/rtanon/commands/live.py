@@ -62,14 +62,16 @@ def run(args) -> int:
 
     import_sounddevice()
     if args.ui:
-        from rtanon.live_control import LiveSettings
+        from rtanon.live.control import LiveSettings
 
         settings = LiveSettings(input=args.input, output=args.output, monitor=args.monitor, method=args.method,
                                 privacy=args.privacy, chunk_ms=args.chunk_ms)
         return run_ui(args, settings)
     if args.monitor is not None or args.no_browser:
         raise CliError("--monitor and --no-browser go with --ui")
-    from rtanon.live import refuse_feedback, resolve_device, run_live
+    from rtanon.live.devices import resolve_device
+    from rtanon.live.feedback import refuse_feedback
+    from rtanon.live.loop import run_live
 
     # before the models load: a missing device or a loop is a quick one-line error
     refuse_feedback(*resolve_device(args.input, "input"), *resolve_device(args.output, "output"))
@@ -77,7 +79,7 @@ def run(args) -> int:
         raise CliError(f"--status-interval {args.status_interval}: use 0.05 to 60 seconds")
     session = anonymizer_from_args(args).open_session(seed=args.seed, identity=identity_from_args(args))
     if args.fault_injection:
-        from rtanon.live import install_fault_injection
+        from rtanon.live.faults import install_fault_injection
 
         install_fault_injection(session)
     try:
@@ -103,7 +105,7 @@ def run_ui(args, settings) -> int:
 
     from rtanon.commands._common import config_from_args
     from rtanon.errors import CliError
-    from rtanon.live_control import LiveControl
+    from rtanon.live.control import LiveControl
 
     try:
         from rtanon.ui.server import serve

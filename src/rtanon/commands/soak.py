@@ -41,10 +41,10 @@ def run(args) -> int:
 
     import numpy as np
 
-    from rtanon import soak
+    from rtanon.live import soak
     from rtanon.commands._common import import_sounddevice
     from rtanon.errors import CliError
-    from rtanon.pulse import PulseError
+    from rtanon.live.pulse import PulseError
 
     try:
         soak.schedule(args.duration, args.period)

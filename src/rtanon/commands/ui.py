@@ -25,7 +25,7 @@ def run(args) -> int:
 
     from rtanon.commands._common import import_sounddevice
     from rtanon.commands.live import run_ui
-    from rtanon.live_control import load_settings
+    from rtanon.live.control import load_settings
 
     import_sounddevice()
     settings = load_settings()

@@ -17,7 +17,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from rtanon import pulse
+    from rtanon.live import pulse
     from rtanon.commands._common import invoked_as
     from rtanon.errors import CliError
 

@@ -202,7 +202,7 @@ def run_churn(engine_args: list[str], start: dict, concurrent: int, seconds: flo
     (:func:`rtanon.serve.client.hostile_run`); the run holds only if every attack was refused and the honest
     sessions held as without them."""
     from rtanon.serve.client import churn_run, churn_scores, hostile_run
-    from rtanon.soak import RAW_XCORR
+    from rtanon.live.soak import RAW_XCORR
 
     server = _Server(engine_args, max_sessions=concurrent + 2)
     pid = server.proc.pid

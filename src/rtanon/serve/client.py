@@ -330,10 +330,10 @@ async def churn_run(url: str, token: str, concurrent: int, duration_s: float, sp
 
 
 def churn_scores(records: list[SessionRecord], window_s: float = 0.5) -> list[tuple[float, float]]:
-    """Per session: how much its output repeats its own input (:func:`rtanon.analysis.windowed_max_xcorr`), and
+    """Per session: how much its output repeats its own input (:func:`rtanon.eval.signal.windowed_max_xcorr`), and
     how much any half-second of it repeats the input of the session beside it, at any offset (what must never
     leak from one session to another). A copy scores 1."""
-    from rtanon.analysis import max_xcorr, windowed_max_xcorr
+    from rtanon.eval.signal import max_xcorr, windowed_max_xcorr
 
     scores = []
     for r in records:

@@ -1,7 +1,7 @@
 """``rtanon connect``'s session: the live loop's engine :class:`rtanon.engine.Session`, computed by an
 ``rtanon serve`` server instead of local models.
 
-:class:`RemoteSession` has what :class:`rtanon.live.LiveCore` and :func:`rtanon.live.run_live` use of a
+:class:`RemoteSession` has what :class:`rtanon.live.core.LiveCore` and :func:`rtanon.live.loop.run_live` use of a
 ``Session`` (``process``, ``chunk_samples``, ``counters``, ``comfort_noise``, ``algorithmic_latency_samples``,
 ``stage_latency_samples``, ``voice``, ``last_speech``, ``reset``), so the live loop (devices, ring
 buffers, worker, status line) runs unchanged with the compute on the server. It imports neither ONNX

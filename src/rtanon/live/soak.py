@@ -146,7 +146,7 @@ def run(speech: np.ndarray, duration_s: float, method: str = "neural", *, seed: 
     """Runs the soak and returns ``analyze``'s report. ``progress(text)`` is called about once a second.
     ``keep_dir``: also write the two recordings (``mic.flac``, ``output.flac``) and the raw run
     (``run.json``: faults, status lines, memory samples) there, for a second look."""
-    from rtanon import pulse
+    from rtanon.live import pulse
 
     faults = schedule(duration_s, period_s)
     soak = SoakRun(method, duration_s, faults)
@@ -361,7 +361,7 @@ def report_median(delays: list) -> float:
 
 
 def analyze(soak: SoakRun, x: np.ndarray, y: np.ndarray) -> dict:
-    from rtanon.analysis import envelope_delay_s, max_xcorr
+    from rtanon.eval.signal import envelope_delay_s, max_xcorr
 
     dur = x.shape[0] / RATE
     guard = [(f.start_s - 0.5, (f.end_s or f.start_s + f.duration_s) + 3.0) for f in soak.faults]

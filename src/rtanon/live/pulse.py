@@ -15,7 +15,7 @@ PulseAudio protocol), on a private D-Bus session bus.
 
 PortAudio sees PulseAudio through the ALSA ``pulse`` device; which PulseAudio
 sink or source it opens is chosen with the ``PULSE_SINK`` / ``PULSE_SOURCE``
-environment variables when the stream opens (see ``rtanon.live``).
+environment variables when the stream opens (see ``rtanon.live.devices``).
 """
 
 from __future__ import annotations

@@ -32,8 +32,12 @@ from rtanon.config import (ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, SAMPL
                            ConfigError, NeuralConfig, StreamConfig)
 from rtanon.engine import Anonymizer, Session
 from rtanon.errors import UserError
-from rtanon.live import (WATCH_INTERVAL_S, DeviceStream, LiveConfig, LiveCore, pick_rate, pulse_presence,
-                         refuse_feedback, resolve_device, server_latency, watch_streams)
+from rtanon.live.config import LiveConfig
+from rtanon.live.core import LiveCore
+from rtanon.live.devices import pick_rate, resolve_device
+from rtanon.live.feedback import refuse_feedback
+from rtanon.live.server import server_latency
+from rtanon.live.stream import WATCH_INTERVAL_S, DeviceStream, pulse_presence, watch_streams
 from rtanon.methods import voice_sentence as describe_voice
 from rtanon.paths import printable, read_capped
 
@@ -340,7 +344,7 @@ class LiveControl:
 
     def create_virtual_mic(self) -> None:
         """Creates the rtanon virtual microphone on the user's sound server."""
-        from rtanon import pulse
+        from rtanon.live import pulse
 
         pulse.create()
 
@@ -393,7 +397,7 @@ class LiveControl:
         and the rtanon virtual microphone (``virtual_mic``: whether it exists)."""
         import sounddevice as sd
 
-        from rtanon import pulse
+        from rtanon.live import pulse
 
         inputs = [{"id": "", "label": "system default"}]
         outputs = [{"id": "", "label": "system default"}]
