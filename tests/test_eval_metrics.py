@@ -181,7 +181,7 @@ def test_asr_runaway_flags_a_looping_transcript_only():
 
 
 def test_utility_splits_errors_and_leaves_runaways_out_beside_the_wer():
-    from rtanon.eval.runner import _utility
+    from rtanon.eval.utility import utility_scores as _utility
 
     refs = {"u1": "bill likes yellow".split(), "u2": "a b c d".split()}
     anon = {"text:tiny.en": {"u1": "here likes yellow", "u2": "a b " + "blue " * 40},

@@ -29,7 +29,6 @@ settings) and the evaluated method when it is not McAdams.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -38,12 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from rtanon.config import AnonymizerConfig, ConfigError
-from rtanon.io.kaldi import KaldiDir, KaldiDirError, write_map
-
-ORIGINAL = "original"
-BASELINE = "mcadams"
-SCENARIOS = ("ignorant", "lazy_informed", "semi_informed")
-SLICING = "slicing"  # the semi-informed attacker on word-level slices (paper 004)
+from rtanon.eval.pool import Pool, add_cpu, anonymize_sets, subset
+from rtanon.eval.scenarios import BASELINE, ORIGINAL, SLICING
+from rtanon.eval.slicing_attack import slice_and_embed, slicing_attack
+from rtanon.eval.utility import canonical_phones, utility_scores
+from rtanon.io.kaldi import KaldiDir
 
 
 @dataclass(frozen=True)
@@ -135,127 +133,7 @@ def default_train_data(data: Path) -> Path | None:
     return None
 
 
-# --------------------------------------------------------------------------- execution
-
-
-class _Pool:
-    """A process pool (``jobs`` > 1, spawn context) or in-process execution."""
-
-    def __init__(self, jobs: int) -> None:
-        self._ex = None
-        if jobs > 1:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
-
-    def run(self, fn, arglist: list[tuple], *, desc: str, weights: list[int] | None = None,
-            unit: str = "utt", progress: bool = True) -> list:
-        t0 = time.perf_counter()
-        results = self._run(fn, arglist, desc=desc, weights=weights or [1] * len(arglist), unit=unit,
-                            progress=progress)
-        if not progress:  # quiet: one line per stage, so a log shows where a long run is
-            print(f"{desc}: {len(arglist)} tasks done in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
-                  flush=True)
-        return results
-
-    def _run(self, fn, arglist: list[tuple], *, desc: str, weights: list[int], unit: str, progress: bool) -> list:
-        from tqdm import tqdm
-
-        results: list = [None] * len(arglist)
-        with tqdm(total=sum(weights), desc=desc, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
-            if self._ex is None:
-                for i, args in enumerate(arglist):
-                    results[i] = fn(*args)
-                    bar.update(weights[i])
-                return results
-            from concurrent.futures import as_completed
-
-            futures = {self._ex.submit(fn, *args): i for i, args in enumerate(arglist)}
-            try:
-                for fut in as_completed(futures):
-                    i = futures[fut]
-                    results[i] = fut.result()
-                    bar.update(weights[i])
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
-        return results
-
-    def close(self) -> None:
-        if self._ex is not None:
-            self._ex.shutdown(wait=True, cancel_futures=True)
-
-
-def _subset(kaldi: KaldiDir, utts: list[str]) -> KaldiDir:
-    utts = sorted(utts)
-    spks = {kaldi.utt2spk[u] for u in utts}
-    return KaldiDir(root=kaldi.root, wav={u: kaldi.wav[u] for u in utts},
-                    utt2spk={u: kaldi.utt2spk[u] for u in utts},
-                    spk2gender={s: g for s, g in kaldi.spk2gender.items() if s in spks},
-                    spk2age={s: a for s, a in kaldi.spk2age.items() if s in spks},
-                    text={u: kaldi.text[u] for u in utts if u in kaldi.text})
-
-
-def _shards(kaldi: KaldiDir, min_utts: int) -> list[KaldiDir]:
-    """Whole speakers grouped into shards of at least ``min_utts`` utterances."""
-    shards, cur = [], []
-    for spk in kaldi.speakers:
-        cur.extend(kaldi.utterances_of(spk))
-        if len(cur) >= min_utts:
-            shards.append(_subset(kaldi, cur))
-            cur = []
-    if cur:
-        shards.append(_subset(kaldi, cur))
-    return shards
-
-
-
-def _complete(out: Path, src: KaldiDir) -> bool:
-    try:
-        done = KaldiDir.load(out)
-    except KaldiDirError:
-        return False
-    return set(done.wav) == set(src.wav) and all(p.is_file() for p in done.wav.values())
-
-
-def _add(total: dict, part: dict) -> None:
-    for k, v in part.items():
-        total[k] = total.get(k, 0.0) + v
-
-
-def _anonymize_sets(pool: _Pool, jobs: list[tuple], cfg: EvalConfig, progress: bool, cpu_s: dict) -> dict:
-    """``jobs``: (key, anonymizer config, source KaldiDir, out dir, assignment, seed).
-    Returns key -> anonymized KaldiDir, written as ``out/part*/<utt>.wav``;
-    adds the workers' CPU seconds to ``cpu_s``."""
-    from rtanon.eval import _worker
-
-    tasks, weights, todo = [], [], []
-    for key, acfg, src, out, assignment, seed in jobs:
-        if cfg.keep_anonymized and _complete(out, src):
-            continue
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        todo.append((key, src, out))
-        for i, shard in enumerate(_shards(src, 8)):
-            tasks.append((acfg, shard, str(out / f"part{i:03d}"), assignment, seed))
-            weights.append(len(shard.wav))
-    if tasks:
-        for _, cpu in pool.run(_worker.anonymize_shard, tasks, desc="anonymizing", weights=weights,
-                               progress=progress):
-            _add(cpu_s, cpu)
-    for key, src, out in todo:
-        wav = {}
-        for part in sorted(out.glob("part*")):
-            wav.update({u: f"{part.name}/{u}.wav" for u in KaldiDir.load(part).wav})
-        write_map(out / "wav.scp", wav)
-        write_map(out / "utt2spk", src.utt2spk)
-        write_map(out / "spk2gender", src.spk2gender)
-        if src.text:
-            write_map(out / "text", src.text)
-    return {key: KaldiDir.load(out) for key, _, _, out, _, _ in jobs}
+# --------------------------------------------------------------------------- the training subset
 
 
 def _select_train(train: KaldiDir, cfg: EvalConfig):
@@ -277,7 +155,7 @@ def _select_train(train: KaldiDir, cfg: EvalConfig):
     if len(backend) < 3 or len(calib) < 2:
         raise ConfigError(f"{train.root}: {len(spks)} usable training speakers are too few for a PLDA "
                           "backend and a calibration set (3 or more per gender); use a larger --train-data")
-    return _subset(train, utts), sorted(backend), sorted(calib)
+    return subset(train, utts), sorted(backend), sorted(calib)
 
 
 # --------------------------------------------------------------------------- the run
@@ -315,11 +193,11 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
                     cfg.utts_per_speaker), file=sys.stderr, flush=True)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    pool = _Pool(cfg.jobs)
+    pool = Pool(cfg.jobs)
     try:
         # 1. anonymize
         t = time.perf_counter()
-        enroll_src = _subset(dev, split.enroll_utts)
+        enroll_src = subset(dev, split.enroll_utts)
         jobs = []
         for k, (name, acfg) in enumerate(systems.items()):
             if acfg is None:
@@ -328,7 +206,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
             jobs += [((name, "dev"), acfg, dev, base / "dev", "speaker", cfg.seed),
                      ((name, "enroll"), acfg, enroll_src, base / "enroll", "speaker", cfg.seed + 1),
                      ((name, "train"), acfg, train_sub, base / "train", "utterance", cfg.seed + 2)]
-        anon = _anonymize_sets(pool, jobs, cfg, progress, cpu_s)
+        anon = anonymize_sets(pool, jobs, cfg.keep_anonymized, progress, cpu_s)
         timings["anonymize"] = time.perf_counter() - t
 
         # 2. analyze (cached by file identity)
@@ -363,15 +241,15 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
                    for p in paths]
         done = pool.run(_worker.analyze, arglist, desc="analyzing", progress=progress)
         for p, (res, cpu) in zip(paths, done):
-            _add(cpu_s, cpu)
+            add_cpu(cpu_s, cpu)
             for key, utt, w, ck in requests[p]:
                 results[key][w][utt] = res[w].split() if w == "phones" else res[w]
                 cache.put(w, ck, res[w])
         n_requested = sum(len(r) for r in requests.values())
         slicing_protocol = None
         if slicing_on:
-            slice_paths, n_slice_requests, slicing_protocol = _slice_and_embed(
-                pool, cfg, sets, results, cache, names, progress, cpu_s)
+            slice_paths, n_slice_requests, slicing_protocol = slice_and_embed(
+                pool, cfg.slice_seconds, sets, results, cache, names, progress, cpu_s)
             paths = sorted(set(paths) | set(slice_paths))
             n_requested += n_slice_requests
         cache.save()
@@ -396,7 +274,7 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
     x_cal, s_cal, g_cal = train_arrays(emb_to, calib_spk)
     cal_cosine = metrics.fit_affine_calibration(*scenarios.pairwise_trials(x_cal, s_cal, g_cal, cosine))
     refs = {u: normalize(dev.text[u]) for u in dev.wav if u in dev.text}
-    ref_phones = _canonical_phones(refs)
+    ref_phones = canonical_phones(refs)
     report_systems: dict = {}
     plots: dict = {}
     for name in systems:
@@ -417,10 +295,10 @@ def run_eval(cfg: EvalConfig, *, progress: bool = True) -> dict:
         cal_plda = metrics.fit_affine_calibration(*scenarios.pairwise_trials(x_c, s_c, g_c, plda))
         attacks["semi_informed"] = scenarios.evaluate_attack(split, emb_e, emb_p, plda, cal_plda)
         if slicing_on:
-            attacks[SLICING] = _slicing_attack(split, results, name, plda, calib_spk, train_sub)
+            attacks[SLICING] = slicing_attack(split, results, name, plda, calib_spk, train_sub)
         sim = scenarios.similarity_matrices(sorted(dev.wav), dev.utt2spk, _gender_order(dev), emb_o, emb_p)
         entry: dict = {s: a.metrics for s, a in attacks.items()}
-        entry.update(_utility(results[(ORIGINAL, "dev")], results[key], refs, cfg.asr, ref_phones))
+        entry.update(utility_scores(results[(ORIGINAL, "dev")], results[key], refs, cfg.asr, ref_phones))
         entry["deid"] = sim.deid
         entry["gvd_db"] = sim.gvd_db
         entry["lda_dim"] = int(plda.backend.lda.shape[0])
@@ -468,90 +346,6 @@ def _text_tag(text: str | None) -> str:
     return "|asr" if text is None else "|ref:" + hashlib.sha256(" ".join(text.split()).encode()).hexdigest()[:16]
 
 
-def _slice_and_embed(pool: _Pool, cfg: EvalConfig, sets: dict, results: dict, cache, names: dict,
-                     progress: bool, cpu_s: dict) -> tuple[list[str], int, dict]:
-    """Cuts every file of a timed utterance (original and anonymized alike)
-    at the original's word timings (Algorithm 1) and embeds the slices into
-    ``results[key]["slices"][utt]``. Returns the files analyzed, the number
-    of cache misses and the slicing figures for the report."""
-    import hashlib
-
-    import soundfile as sf
-
-    from rtanon.eval import _worker
-    from rtanon.eval.cache import file_key
-    from rtanon.eval.slicing import slice_bounds
-
-    words = {**results[(ORIGINAL, "train")]["words"], **results[(ORIGINAL, "dev")]["words"]}
-    originals = {**sets[(ORIGINAL, "train")].wav, **sets[(ORIGINAL, "dev")].wav}
-    bounds = {u: slice_bounds(w, sf.info(str(originals[u])).duration, cfg.slice_seconds) for u, w in words.items()}
-    requests: dict[str, list] = {}
-    for key, kd in sets.items():
-        for utt, path in kd.wav.items():
-            if not bounds.get(utt):
-                continue
-            cuts = tuple((round(b[0], 3), round(b[1], 3)) for b in bounds[utt])
-            tag = hashlib.sha256(repr(cuts).encode()).hexdigest()[:16]
-            ck = file_key(f"{names['embedding']}|slices:{tag}", path)
-            hit = cache.get("slices", ck)
-            if hit is not None:
-                results[key]["slices"][utt] = hit
-            else:
-                requests.setdefault(str(path), []).append((key, utt, ck, cuts))
-    paths = sorted(requests)
-    arglist = [(p, requests[p][0][3], 1) for p in paths]
-    done = pool.run(_worker.embed_slices, arglist, desc="slicing", progress=progress)
-    for p, (res, cpu) in zip(paths, done):
-        _add(cpu_s, cpu)
-        for key, utt, ck, _ in requests[p]:
-            results[key]["slices"][utt] = res
-            cache.put("slices", ck, res)
-    dev_utts = sorted(sets[(ORIGINAL, "dev")].wav)
-    lengths = [b[1] - b[0] for u in dev_utts for b in bounds.get(u, [])]
-    counts = [len(bounds.get(u, [])) for u in dev_utts]
-    protocol = {"slice_seconds": cfg.slice_seconds, "dev_slices": len(lengths),
-                "dev_utterances_without_slice": sum(c == 0 for c in counts),
-                "slices_per_utterance": float(np.mean(counts)) if counts else 0.0,
-                "slice_duration_s": {"mean": float(np.mean(lengths)) if lengths else None,
-                                     "std": float(np.std(lengths)) if lengths else None,
-                                     "min": float(np.min(lengths)) if lengths else None,
-                                     "max": float(np.max(lengths)) if lengths else None},
-                "timed_train_utterances": len(words) - len([u for u in words if u in sets[(ORIGINAL, "dev")].wav])}
-    return paths, sum(len(r) for r in requests.values()), protocol
-
-
-def _slicing_attack(split, results: dict, name: str, plda, calib_spk: list[str], train_sub: KaldiDir):
-    """The semi-informed attacker on slices: enrolment and trial utterances
-    cut into slices (trial slices against speakers enrolled with their
-    enrolment slices), the same PLDA backend, and a calibration fitted on
-    slice pairs of the held-out training speakers (pairs within one
-    utterance left out)."""
-    from rtanon.eval import metrics, scenarios
-    from rtanon.eval.slicing import slice_embeddings, slice_utt, sliced_split
-
-    dev_key = (name, "dev")
-    enroll_key = (ORIGINAL, "dev") if name == ORIGINAL else (name, "enroll")
-    train_key = (ORIGINAL, "train") if name == ORIGINAL else (name, "train")
-    trial_sl = results[dev_key]["slices"]
-    enroll_sl = results[enroll_key]["slices"]
-    n_slices = {u: len(v) for u, v in trial_sl.items() if u in set(split.trials)}
-    n_slices.update({u: len(enroll_sl[u]) for u in split.enroll_utts if u in enroll_sl})
-    sl_split = sliced_split(split, n_slices)
-    calib = set(calib_spk)
-    cal_emb = slice_embeddings({u: v for u, v in results[train_key]["slices"].items()
-                                if train_sub.utt2spk[u] in calib})
-    ids = sorted(cal_emb)
-    spk = np.array([train_sub.utt2spk[slice_utt(i)] for i in ids])
-    gen = np.array([train_sub.spk2gender[s] for s in spk])
-    utt = np.array([slice_utt(i) for i in ids])
-    cal = metrics.fit_affine_calibration(*scenarios.pairwise_trials(
-        np.stack([cal_emb[i] for i in ids]), spk, gen, plda, groups=utt))
-    result = scenarios.evaluate_attack(sl_split, slice_embeddings(enroll_sl), slice_embeddings(trial_sl), plda, cal)
-    result.metrics["trial_slices"] = len(sl_split.trials)
-    result.metrics["enroll_slices"] = len(sl_split.enroll_utts)
-    return result
-
-
 def _machine() -> dict:
     import os
 
@@ -595,61 +389,7 @@ def _per_speaker(kaldi: KaldiDir, n: int | None, seed: int) -> KaldiDir:
     if n is None:
         return kaldi
     utts = [u for s in kaldi.speakers for u in seeded_shuffle(kaldi.utterances_of(s), seed, "eval:" + s)[:n]]
-    return _subset(kaldi, utts)
-
-
-def _canonical_phones(refs: dict) -> dict:
-    """Utterance -> the canonical phones of its normalised reference words (hama's G2P)."""
-    from rtanon.eval.asr import PhoneRecognizer
-
-    if not refs:
-        return {}
-    g2p = PhoneRecognizer()
-    return {u: g2p.canonical(words) for u, words in refs.items()}
-
-
-def corpus_error_rate(refs: dict, hyps: dict) -> dict:
-    """Word (or phone) error rate of ``hyps`` against ``refs`` (utterance -> token list), split, with the
-    utterances where the recognizer looped and the rate without them."""
-    from rtanon.eval import metrics
-
-    counts = {u: metrics.error_counts(refs[u], hyps[u]) for u in refs}
-    n = sum(len(refs[u]) for u in refs)
-    subs, dels, ins = (sum(c[k] for c in counts.values()) for k in range(3))
-    runaways = sorted(u for u in refs if metrics.asr_runaway(refs[u], hyps[u]))
-    kept = [u for u in refs if u not in runaways]
-    return {"rate": (subs + dels + ins) / max(1, n), "tokens": n,
-            "split": {"substitutions": subs / max(1, n), "deletions": dels / max(1, n),
-                      "insertions": ins / max(1, n)},
-            "runaways": runaways,
-            "rate_without_runaways": sum(sum(counts[u]) for u in kept) / max(1, sum(len(refs[u]) for u in kept))}
-
-
-def _utility(orig: dict, anon: dict, refs: dict, asr_models: tuple[str, ...], ref_phones: dict) -> dict:
-    """WER per Whisper model (the first one's also as ``wer``, ``wer_split``...), PER and rho_F0."""
-    from rtanon.eval import metrics
-    from rtanon.eval.textnorm import normalize
-
-    out: dict = {"wer": None, "asr": {}}
-    for i, model in enumerate(asr_models):
-        texts = anon.get(f"text:{model}")
-        if not refs or not texts:
-            continue
-        e = corpus_error_rate(refs, {u: normalize(texts[u]) for u in refs})
-        out["asr"][model] = {"wer": e["rate"], "wer_split": e["split"], "asr_runaways": e["runaways"],
-                             "wer_without_runaways": e["rate_without_runaways"]}
-        if i == 0:
-            out.update(out["asr"][model], wer_words=e["tokens"])
-    if ref_phones and anon.get("phones"):
-        e = corpus_error_rate(ref_phones, anon["phones"])
-        out["per"], out["per_phones"], out["per_split"] = e["rate"], e["tokens"], e["split"]
-    else:
-        out["per"] = None
-    rhos = [metrics.pearson_voiced(orig["f0"][u], anon["f0"][u]) for u in sorted(orig["f0"])]
-    valid = [r for r in rhos if r is not None]
-    out["rho_f0"] = float(np.mean(valid)) if valid else None
-    out["rho_f0_utterances"] = len(valid)
-    return out
+    return subset(kaldi, utts)
 
 
 def _config_dict(cfg: EvalConfig, train_root: Path) -> dict:

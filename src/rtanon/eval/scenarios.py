@@ -27,6 +27,12 @@ import numpy as np
 
 from rtanon.eval import metrics
 
+#: the systems and attacks an evaluation reports (``rtanon.eval.runner``)
+ORIGINAL = "original"
+BASELINE = "mcadams"
+SCENARIOS = ("ignorant", "lazy_informed", "semi_informed")
+SLICING = "slicing"  # the semi-informed attacker on word-level slices (paper 004)
+
 TOP_K = (1, 5)
 
 

@@ -307,7 +307,7 @@ def error_rates(results: dict, refs: dict, ref_phones: dict, row: str, asr: tupl
     the WER, and the WER without the utterances where that model looped on this row's audio
     (``rtanon.eval.metrics.asr_runaway``: one loop adds a hundred insertions to a few hundred words),
     ``loops`` of them; the PER."""
-    from rtanon.eval.runner import corpus_error_rate
+    from rtanon.eval.utility import corpus_error_rate
     from rtanon.eval.textnorm import normalize
 
     utts = [u for u in sorted(results) if row in results[u]]
