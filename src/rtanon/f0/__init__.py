@@ -8,7 +8,8 @@ Map of the subpackage:
   ``reset``, ``hop``, ``latency_samples``), ``track(signal)`` for whole
   signals, and kernel selection (``"cpp"`` from ``rtanon._core``, ``"numba"``
   fallback).
-- ``rtanon.f0.numba_kernel``: the Numba kernel (same algorithm as the C++ one).
+- ``rtanon.f0.numba_kernel``: the Numba kernel (same algorithm as the C++ one); its per-frame searches
+  (FFT, spectral and NCCF candidates) in ``rtanon.f0.numba_candidates``.
 - ``rtanon.f0.convert``: pitch conversion to a pseudo-speaker (percentile,
   log-Gaussian, min-max; paper 000 Eq. 4-7), the online quantile estimator and
   the per-session streaming converter.

@@ -3,7 +3,8 @@
 Same algorithm, same operation order and same constants as the C++ kernel in
 ``csrc/f0_tracker.hpp`` (the parity test holds them together). All state lives
 in NumPy arrays owned by :class:`NumbaF0Kernel`; the ``@njit(cache=True)``
-functions below only read and write them, so a kernel instance is one stream.
+functions below (and the per-frame searches they call, in :mod:`rtanon.f0.numba_candidates`) only
+read and write them, so a kernel instance is one stream.
 
 Per 10 ms hop: the signal and its square go through a 7-tap half-band
 low-pass that decimates them to 8 kHz, then an IIR band-pass (50-1500 Hz) at
@@ -30,11 +31,13 @@ import numpy as np
 from numba import njit
 
 from rtanon.f0.config import (
-    F_BOOST, F_DELTA4, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_FH_MIN, F_HB1, F_HB3, F_HBC, F_K1,
-    F_NCCF_T1, F_NCCF_T2, F_NLFER1, F_NLFER2, F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SHC_T1, F_SHC_T2,
-    F_SKIP2, F_W1, F_W2, F_W3, F_W4, HOP_SAMPLES, I_B8, I_H8, I_KB0, I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ,
-    I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX, I_PK_MIN, I_SHC_HALF, I_SHC_MAX, I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E,
-    I_TAU_P, N_CANDIDATES, Derived,
+    F_BOOST, F_E_FLOOR, F_E_PRIOR, F_E_PRIOR_N, F_F0MAX, F_F0MIN, F_HB1, F_HB3, F_HBC, F_K1, F_NLFER1, F_NLFER2,
+    F_PIVOT, F_PRIOR_F0, F_PRIOR_N, F_SEARCH_STD, F_SKIP2, F_W1, F_W2, F_W3, F_W4, HOP_SAMPLES, I_B8, I_H8, I_KB0,
+    I_KB1, I_LAG, I_LAG_MAX, I_LAG_MIN, I_NBQ, I_NCCF_N, I_NFFT, I_PK_CENTER, I_PK_MAX, I_SHC_HALF, I_SHC_MAX,
+    I_SHC_MIN, I_SHC_NH, I_SW4, I_TAU_E, I_TAU_P, N_CANDIDATES, Derived,
+)
+from rtanon.f0.numba_candidates import (
+    NCCF_CENTER, NCCF_PER_SIGNAL, SPEC_CANDS, fft, nccf_candidates, running_mean, spectral_peaks,
 )
 
 # Scalar state slots (float64), shared layout with the C++ kernel.
@@ -44,296 +47,7 @@ N_SCALARS = 12
 V_FILL, _V_FREE, V_T, V_SPEC_PREV = range(4)
 N_IVARS = 4
 _NC = N_CANDIDATES
-_NCCF_CENTER = 2  # YAAPT nccf_pwidth = 5
-_NCCF_PER_SIGNAL = 3
-_SPEC_CANDS = 4
 _HB_HIST = 3  # half-band decimator history per phase (7 taps)
-
-
-@njit(cache=True)
-def _fft(re, im, twr, twi, brev, ren, imn, n):
-    """Radix-2 FFT, decimation in frequency, exp(-2πi kn/N), of re + i im
-    (overwritten); the spectrum goes to ren, imn in natural order (N + 1
-    bins, bin N = bin 0, so bin N - k reads without a wrap). The stage with
-    half-size h reads its twiddles exp(-2πi k / 2h), k < h, at twr[h + k],
-    twi[h + k], so its inner loop runs over contiguous memory (and
-    vectorises); the last two stages run as one radix-4 pass."""
-    half = n // 2
-    while half >= 4:
-        for start in range(0, n, 2 * half):
-            for k in range(half):
-                j = start + k
-                m = j + half
-                ur = re[j]
-                ui = im[j]
-                vr = re[m]
-                vi = im[m]
-                re[j] = ur + vr
-                im[j] = ui + vi
-                dr = ur - vr
-                di = ui - vi
-                re[m] = dr * twr[half + k] - di * twi[half + k]
-                im[m] = dr * twi[half + k] + di * twr[half + k]
-        half //= 2
-    for s in range(0, n, 4):
-        r0 = re[s]
-        r1 = re[s + 1]
-        r2 = re[s + 2]
-        r3 = re[s + 3]
-        i0 = im[s]
-        i1 = im[s + 1]
-        i2 = im[s + 2]
-        i3 = im[s + 3]
-        ar = r0 + r2
-        ai = i0 + i2
-        br = r1 + r3
-        bi = i1 + i3
-        cr = r0 - r2
-        ci = i0 - i2
-        dr = i1 - i3  # (r1 - r3, i1 - i3) times -i
-        di = -(r1 - r3)
-        ren[brev[s]] = ar + br
-        imn[brev[s]] = ai + bi
-        ren[brev[s + 1]] = ar - br
-        imn[brev[s + 1]] = ai - bi
-        ren[brev[s + 2]] = cr + dr
-        imn[brev[s + 2]] = ci + di
-        ren[brev[s + 3]] = cr - dr
-        imn[brev[s + 3]] = ci - di
-    ren[n] = ren[0]
-    imn[n] = imn[0]
-
-
-@njit(cache=True)
-def _running_mean(mean, count, value, tau):
-    """Mean of all values so far until ``tau`` of them were seen, then an
-    exponential average with time constant ``tau`` values."""
-    count += 1.0
-    n_eff = count if count < tau else tau
-    return mean + (value - mean) / n_eff, count
-
-
-@njit(cache=True)
-def _harmonic_peak(mag, n):
-    """Largest local maximum of ``mag`` among bins n-1..n+1 (0 if none): the
-    spectrum has a component at the candidate frequency itself, not only the
-    leakage skirt of a neighbour."""
-    best = 0.0
-    for q in range(n - 1, n + 2):
-        if mag[q] >= mag[q - 1] and mag[q] >= mag[q + 1] and mag[q] > best:
-            best = mag[q]
-    return best
-
-
-@njit(cache=True)
-def _spectral_peaks(ip, fp, shc, pow_a, mag_b, nh, out_p, out_m):
-    """YAAPT ``peaks``: up to 4 SHC peaks (Hz, merit); returns how many.
-
-    The merit of a peak is its normalised SHC times
-    ``min(1, fh / shc_first_harmonic_min)^2``, fh = the larger of the filtered
-    (``mag_a``) and squared (``mag_b``) spectra, each over its maximum, at a
-    spectral peak within one bin of the candidate. The SHC of the
-    squared signal alone favours sub-harmonics when it has few components (a
-    pure tone squared has only 2f, and the products over 4 harmonics peak at
-    2f/3 or f/2 through window leakage); a true F0 has its first harmonic in
-    the filtered spectrum or, as the difference tone, in the squared one. The
-    voicing tests (peak threshold, best over mean) use the plain SHC as in
-    YAAPT."""
-    pk_min = ip[I_PK_MIN]
-    pk_max = ip[I_PK_MAX]
-    center = ip[I_PK_CENTER]
-    delta = fp[F_DELTA4]
-    maxd = 0.0
-    for n in range(pk_min, pk_max + 1):
-        if shc[n] > maxd:
-            maxd = shc[n]
-    scale = 1.0 / maxd if maxd > 1e-14 else 1.0
-    s = 0.0
-    for n in range(pk_min, pk_max + 1):
-        s += shc[n] * scale
-    avg = s / (pk_max - pk_min + 1)
-    if avg > 1.0 / fp[F_SHC_T1] or avg <= 0.0:
-        return 0
-    amax = 0.0
-    bmax = 0.0
-    for k in range(nh + 1):
-        if pow_a[k] > amax:
-            amax = pow_a[k]
-        if mag_b[k] > bmax:
-            bmax = mag_b[k]
-    inva = 1.0 / amax if amax > 1e-60 else 0.0
-    invb = 1.0 / bmax if bmax > 1e-30 else 0.0
-    num = 0
-    bestm = 0.0
-    for n in range(pk_min + center + 1, pk_max - center + 1):
-        v = shc[n] * scale
-        if v > shc[n - 1] * scale and v > shc[n + 1] * scale and v > fp[F_SHC_T2] * avg:
-            ok = True
-            for q in range(n - center, n + center + 1):
-                w = shc[q] * scale
-                if (q < n and w >= v) or (q > n and w > v):
-                    ok = False
-                    break
-            if ok:
-                fh_a = np.sqrt(_harmonic_peak(pow_a, n) * inva)
-                fh_b = _harmonic_peak(mag_b, n) * invb
-                fh = fh_a if fh_a > fh_b else fh_b
-                g = fh / fp[F_FH_MIN] if fh < fp[F_FH_MIN] else 1.0
-                ve = v * (g * g)
-                # keep the best _SPEC_CANDS by insertion (descending merit, stable)
-                pos = num if num < _SPEC_CANDS else _SPEC_CANDS
-                while pos > 0 and out_m[pos - 1] < ve:
-                    if pos < _SPEC_CANDS:
-                        out_m[pos] = out_m[pos - 1]
-                        out_p[pos] = out_p[pos - 1]
-                    pos -= 1
-                if pos < _SPEC_CANDS:
-                    out_m[pos] = ve
-                    out_p[pos] = n * delta
-                num += 1
-                if v > bestm:
-                    bestm = v
-    if num == 0 or bestm / avg < fp[F_SHC_T1]:
-        return 0
-    if num > _SPEC_CANDS:
-        num = _SPEC_CANDS
-    for q in range(num, _SPEC_CANDS):
-        out_p[q] = out_p[0]
-        out_m[q] = out_m[0]
-    return num
-
-
-@njit(cache=True)
-def _nccf_candidates(fp, buf, row, off, w8, cs, phi, nccf_n, lag_max_g, lag_lo, lag_hi, out_p, out_m, k0):
-    """NCCF of one 8 kHz window (``buf[row]``) for lags lag_lo..lag_hi, centred
-    on the window centre for every lag; YAAPT ``cmp_rate`` peak picking with
-    parabolic refinement. The window is ``buf[row, off:off + w8]``. Writes up
-    to 3 (Hz, merit) at out[k0:]; returns count."""
-    # prefix sums of squares as four independent running sums over quarters (w8 % 4 == 0), each
-    # quarter then offset by the total before it (the C++ kernel sums alike)
-    qn = w8 // 4
-    p0 = 0.0
-    p1 = 0.0
-    p2 = 0.0
-    p3 = 0.0
-    cs[0] = 0.0
-    for i in range(qn):
-        v = np.float64(buf[row, off + i])
-        p0 += v * v
-        cs[i + 1] = p0
-        v = np.float64(buf[row, off + qn + i])
-        p1 += v * v
-        cs[qn + i + 1] = p1
-        v = np.float64(buf[row, off + 2 * qn + i])
-        p2 += v * v
-        cs[2 * qn + i + 1] = p2
-        v = np.float64(buf[row, off + 3 * qn + i])
-        p3 += v * v
-        cs[3 * qn + i + 1] = p3
-    for c in range(1, 4):
-        base = cs[c * qn]
-        for i in range(1, qn + 1):
-            cs[c * qn + i] += base
-    maxphi = 0.0
-    for lag in range(lag_lo, lag_hi + 1):
-        s0 = (lag_max_g - lag) // 2
-        # sixteen float32 partial sums (independent add chains; the C++ kernel sums alike),
-        # nccf_n % 16 == 0
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        a4 = np.float32(0.0)
-        a5 = np.float32(0.0)
-        a6 = np.float32(0.0)
-        a7 = np.float32(0.0)
-        a8 = np.float32(0.0)
-        a9 = np.float32(0.0)
-        a10 = np.float32(0.0)
-        a11 = np.float32(0.0)
-        a12 = np.float32(0.0)
-        a13 = np.float32(0.0)
-        a14 = np.float32(0.0)
-        a15 = np.float32(0.0)
-        ia = off + s0
-        ib = off + s0 + lag
-        for i in range(0, nccf_n, 16):
-            a0 += buf[row, ia + i] * buf[row, ib + i]
-            a1 += buf[row, ia + i + 1] * buf[row, ib + i + 1]
-            a2 += buf[row, ia + i + 2] * buf[row, ib + i + 2]
-            a3 += buf[row, ia + i + 3] * buf[row, ib + i + 3]
-            a4 += buf[row, ia + i + 4] * buf[row, ib + i + 4]
-            a5 += buf[row, ia + i + 5] * buf[row, ib + i + 5]
-            a6 += buf[row, ia + i + 6] * buf[row, ib + i + 6]
-            a7 += buf[row, ia + i + 7] * buf[row, ib + i + 7]
-            a8 += buf[row, ia + i + 8] * buf[row, ib + i + 8]
-            a9 += buf[row, ia + i + 9] * buf[row, ib + i + 9]
-            a10 += buf[row, ia + i + 10] * buf[row, ib + i + 10]
-            a11 += buf[row, ia + i + 11] * buf[row, ib + i + 11]
-            a12 += buf[row, ia + i + 12] * buf[row, ib + i + 12]
-            a13 += buf[row, ia + i + 13] * buf[row, ib + i + 13]
-            a14 += buf[row, ia + i + 14] * buf[row, ib + i + 14]
-            a15 += buf[row, ia + i + 15] * buf[row, ib + i + 15]
-        a0 += a8
-        a1 += a9
-        a2 += a10
-        a3 += a11
-        a4 += a12
-        a5 += a13
-        a6 += a14
-        a7 += a15
-        acc = np.float64(((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)))
-        ex = cs[s0 + nccf_n] - cs[s0]
-        ey = cs[s0 + lag + nccf_n] - cs[s0 + lag]
-        den = ex * ey
-        v = acc / np.sqrt(den) if den > 1e-30 else 0.0
-        phi[lag] = v
-        if v > maxphi:
-            maxphi = v
-    c = _NCCF_CENTER
-    t1 = fp[F_NCCF_T1]
-    num = 0
-    best_n = -1
-    best_v = -1.0
-    for n in range(lag_lo + c, lag_hi - c + 1):
-        v = phi[n]
-        if v > phi[n - 1] and v > phi[n + 1] and v > t1:
-            if v > best_v:
-                best_v = v
-                best_n = n
-    if best_n < 0:
-        return 0
-    single = maxphi > fp[F_NCCF_T2]
-    for n in range(lag_lo + c, lag_hi - c + 1):
-        v = phi[n]
-        if not (v > phi[n - 1] and v > phi[n + 1] and v > t1):
-            continue
-        if single and n != best_n:
-            continue
-        if not single:
-            ok = True
-            for q in range(n - c, n + c + 1):
-                if (q < n and phi[q] >= v) or (q > n and phi[q] > v):
-                    ok = False
-                    break
-            if not ok:
-                continue
-        a = phi[n - 1]
-        b = phi[n + 1]
-        den = a - 2.0 * v + b
-        d = 0.5 * (a - b) / den if den < 0.0 else 0.0
-        pitch = 8000.0 / (n + d)
-        pos = num if num < _NCCF_PER_SIGNAL else _NCCF_PER_SIGNAL
-        while pos > 0 and out_m[k0 + pos - 1] < v:
-            if pos < _NCCF_PER_SIGNAL:
-                out_m[k0 + pos] = out_m[k0 + pos - 1]
-                out_p[k0 + pos] = out_p[k0 + pos - 1]
-            pos -= 1
-        if pos < _NCCF_PER_SIGNAL:
-            out_m[k0 + pos] = v
-            out_p[k0 + pos] = pitch
-        num += 1
-    return num if num < _NCCF_PER_SIGNAL else _NCCF_PER_SIGNAL
 
 
 @njit(cache=True)
@@ -359,14 +73,14 @@ def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc,
     o += ip[I_B8] + 1
     phi = work[o:o + ip[I_LAG_MAX] + 2]
     o += ip[I_LAG_MAX] + 2
-    cp = work[o:o + 2 * _NCCF_PER_SIGNAL]
-    o += 2 * _NCCF_PER_SIGNAL
-    cm = work[o:o + 2 * _NCCF_PER_SIGNAL]
-    o += 2 * _NCCF_PER_SIGNAL
-    sp = work[o:o + _SPEC_CANDS]
-    o += _SPEC_CANDS
-    sm = work[o:o + _SPEC_CANDS]
-    o += _SPEC_CANDS
+    cp = work[o:o + 2 * NCCF_PER_SIGNAL]
+    o += 2 * NCCF_PER_SIGNAL
+    cm = work[o:o + 2 * NCCF_PER_SIGNAL]
+    o += 2 * NCCF_PER_SIGNAL
+    sp = work[o:o + SPEC_CANDS]
+    o += SPEC_CANDS
+    sm = work[o:o + SPEC_CANDS]
+    o += SPEC_CANDS
     dp_p = work[o:o + _NC]
     o += _NC
     dp_m = work[o:o + _NC]
@@ -410,7 +124,7 @@ def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc,
         im[i] -= mean_b
     ren = fbuf[2]
     imn = fbuf[3]
-    _fft(re, im, twr, twi, brev, ren, imn, nfft)
+    fft(re, im, twr, twi, brev, ren, imn, nfft)
     # |A| in the energy band here (the rest below, only where the spectral peaks need it)
     kb0 = ip[I_KB0]
     kb1 = ip[I_KB1]
@@ -423,7 +137,7 @@ def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc,
     e = 0.0
     for k in range(ip[I_KB0], ip[I_KB1]):
         e += mag_a[k]
-    sc[S_MEANE], sc[S_NE] = _running_mean(sc[S_MEANE], sc[S_NE], e, float(ip[I_TAU_E]))
+    sc[S_MEANE], sc[S_NE] = running_mean(sc[S_MEANE], sc[S_NE], e, float(ip[I_TAU_E]))
     norm = sc[S_MEANE] if sc[S_MEANE] > fp[F_E_FLOOR] else fp[F_E_FLOOR]
     en = e / norm
     t = iv[V_T]
@@ -456,33 +170,33 @@ def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc,
                     prod *= mag_b[r * f + w]  # zeros beyond Nyquist
                 s += prod
             shc[f] = s
-        nspec = _spectral_peaks(ip, fp, shc, pow_a, mag_b, nh, sp, sm)
+        nspec = spectral_peaks(ip, fp, shc, pow_a, mag_b, nh, sp, sm)
     if nspec > 0:
         k1w = fp[F_K1] * std / avg
         f0min = fp[F_F0MIN]
-        for j in range(_SPEC_CANDS):
+        for j in range(SPEC_CANDS):
             local = 1.0 - sm[j]
             if iv[V_SPEC_PREV] == 0:
                 newacc[j] = local
             else:
                 best = 1e300
-                for i in range(_SPEC_CANDS):
+                for i in range(SPEC_CANDS):
                     d = abs(spv[0, i] - sp[j]) / f0min
                     c = spv[1, i] + k1w * (0.05 * d + d * d)
                     if c < best:
                         best = c
                 newacc[j] = best + local
         jbest = 0
-        for j in range(_SPEC_CANDS):
+        for j in range(SPEC_CANDS):
             if newacc[j] <= newacc[jbest]:
                 jbest = j
         base = newacc[jbest]
-        for j in range(_SPEC_CANDS):
+        for j in range(SPEC_CANDS):
             spv[0, j] = sp[j]
             spv[1, j] = newacc[j] - base
         iv[V_SPEC_PREV] = 1
         raw = sp[jbest]
-        sc[S_SPEC_AVG], sc[S_NSPEC] = _running_mean(sc[S_SPEC_AVG], sc[S_NSPEC], raw, float(ip[I_TAU_P]))
+        sc[S_SPEC_AVG], sc[S_NSPEC] = running_mean(sc[S_SPEC_AVG], sc[S_NSPEC], raw, float(ip[I_TAU_P]))
         sc[S_HELD] = raw
     sc[S_H0] = sc[S_H1]
     sc[S_H1] = sc[S_H2]
@@ -500,33 +214,33 @@ def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc,
         hi_hz = f0max
     if lo_hz >= hi_hz:
         lo_hz = 0.5 * hi_hz
-    lag_lo = int(np.floor(8000.0 / hi_hz)) - _NCCF_CENTER
-    lag_hi = int(np.floor(8000.0 / lo_hz)) + _NCCF_CENTER
+    lag_lo = int(np.floor(8000.0 / hi_hz)) - NCCF_CENTER
+    lag_hi = int(np.floor(8000.0 / lo_hz)) + NCCF_CENTER
     if lag_lo < ip[I_LAG_MIN]:
         lag_lo = ip[I_LAG_MIN]
     if lag_hi > ip[I_LAG_MAX] - 1:
         lag_hi = ip[I_LAG_MAX] - 1
-    for q in range(2 * _NCCF_PER_SIGNAL):
+    for q in range(2 * NCCF_PER_SIGNAL):
         cp[q] = 0.0
         cm[q] = 0.0
     # (definitely unvoiced frames, en <= nlfer_thresh2, discard the NCCF: skip it)
-    if lag_hi - lag_lo >= 2 * _NCCF_CENTER + 1 and en > fp[F_NLFER2]:
+    if lag_hi - lag_lo >= 2 * NCCF_CENTER + 1 and en > fp[F_NLFER2]:
         for q in range(ip[I_LAG_MAX] + 2):
             phi[q] = 0.0
-        _nccf_candidates(fp, buf8, 0, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm, 0)
+        nccf_candidates(fp, buf8, 0, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp, cm, 0)
         # (the squared signal only where the filtered one has no peak above nccf_skip_squared)
         if not cm[0] > fp[F_SKIP2]:
             for q in range(ip[I_LAG_MAX] + 2):
                 phi[q] = 0.0
-            _nccf_candidates(fp, buf8, 1, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp,
-                             cm, _NCCF_PER_SIGNAL)
+            nccf_candidates(fp, buf8, 1, off_a, 2 * h8, cs, phi, ip[I_NCCF_N], ip[I_LAG_MAX], lag_lo, lag_hi, cp,
+                             cm, NCCF_PER_SIGNAL)
     # merit: boosted near the spectral track, zero beyond 5 std
     fth = 5.0 * std
-    for q in range(2 * _NCCF_PER_SIGNAL):
+    for q in range(2 * NCCF_PER_SIGNAL):
         diff = abs(cp[q] - spec)
         cm[q] = (1.0 + fp[F_BOOST]) * cm[q] * (1.0 - diff / fth) if diff < fth else 0.0
     # stable sort of the 6 by merit, descending
-    for q in range(1, 2 * _NCCF_PER_SIGNAL):
+    for q in range(1, 2 * NCCF_PER_SIGNAL):
         mq = cm[q]
         pq = cp[q]
         r = q
@@ -573,7 +287,7 @@ def _analyse_frame(ip, fp, hann, kais, twr, twi, brev, buf8, sc, iv, spv, dpacc,
     dp_p[3] = spec
     dp_m[3] = en / 5.0
     if en > fp[F_NLFER1] and cp[0] > 0.0 and cm[0] > 0.0:
-        sc[S_MEANP], sc[S_NP] = _running_mean(sc[S_MEANP], sc[S_NP], cp[0], float(ip[I_TAU_P]))
+        sc[S_MEANP], sc[S_NP] = running_mean(sc[S_MEANP], sc[S_NP], cp[0], float(ip[I_TAU_P]))
 
     # --- fixed-lag Viterbi over the candidates
     lag = ip[I_LAG]
@@ -700,7 +414,7 @@ def work_size(ip: np.ndarray) -> int:
     nfft = int(ip[I_NFFT])
     shc_len = max(int(ip[I_SHC_MAX]), int(ip[I_PK_MAX] + ip[I_PK_CENTER])) + 2
     return (2 * (nfft // 2 + 1) + int(_mag_b_len(ip)) + shc_len + int(ip[I_B8]) + 1 + int(ip[I_LAG_MAX]) + 2
-            + 4 * _NCCF_PER_SIGNAL + 2 * _SPEC_CANDS + 3 * _NC)
+            + 4 * NCCF_PER_SIGNAL + 2 * SPEC_CANDS + 3 * _NC)
 
 
 def fft_tables(nfft: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -740,7 +454,7 @@ class NumbaF0Kernel:
         self._kais = derived.kaiser4.astype(np.float32)
         self._sc = np.zeros(N_SCALARS)
         self._iv = np.zeros(N_IVARS, np.int64)
-        self._spv = np.zeros((2, _SPEC_CANDS))
+        self._spv = np.zeros((2, SPEC_CANDS))
         self._dpacc = np.zeros(_NC)
         self._ringp = np.zeros((lag + 1, _NC))
         self._ringb = np.zeros((lag + 1, _NC), np.int64)
