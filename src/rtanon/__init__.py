@@ -1,6 +1,6 @@
 """rtanon: real-time voice anonymizer.
 
-Map of the package. What ships (the run time):
+Map of the package (``docs/ARCHITECTURE.md`` draws it, with the import rules). What ships (the run time):
 
 - ``rtanon.engine``: ``Anonymizer`` (shared: method, models, config) and
   ``Session`` (per stream: every buffer, stage state and counter).
@@ -14,13 +14,14 @@ Map of the package. What ships (the run time):
 - ``rtanon.neural``: the neural method's vocoder and its backends.
 - ``rtanon.f0``: streaming F0 tracker (C++ and Numba kernels) and pitch conversion.
 - ``rtanon.identity``: pseudo-speakers (pool, selection, GMM generation).
-- ``rtanon.io.audio``: files in/out, streamed; ``rtanon.atomic``: the one
-  atomic writer every file goes through; ``rtanon.errors``: ``UserError``,
-  the base of the errors the CLI prints in one line;
-  ``rtanon.io.kaldi``, ``rtanon.corpus.run`` (on Ray: ``rtanon.corpus.on_ray``): Kaldi-style corpora.
-- ``rtanon.live``: the real-time loop (PortAudio callback + worker thread);
-  ``rtanon.live.pulse``: PulseAudio/PipeWire virtual microphone and a private test daemon.
-- ``rtanon.bench``: latency and compute benchmarks; ``rtanon.eval``: privacy
+- ``rtanon.io``: audio files in/out, streamed, Kaldi-style directories, package data;
+  ``rtanon.atomic``: the one atomic writer every file goes through; ``rtanon.paths``: bounded reads;
+  ``rtanon.errors``: ``UserError``, the base of the errors the CLI prints in one line.
+- ``rtanon.live``: the real-time loop (PortAudio callback + worker thread), PulseAudio/PipeWire
+  (the virtual microphone, a private test daemon), the control page's controller, the soak.
+- ``rtanon.corpus``: ``rtanon anonymize-dir``, Kaldi-style corpora anonymized (in this process or on Ray).
+- ``rtanon.serve``: ``rtanon serve``, many sessions batched behind a WebSocket, and its clients.
+- ``rtanon.bench``: the core's latency and compute benchmarks; ``rtanon.eval``: privacy
   and utility evaluation.
 - ``rtanon.cli``, ``rtanon.commands``: the ``rtanon`` command.
 - ``rtanon._core``: native kernels (C++, pybind11): ``RingBuffer``, ``F0Kernel``.
