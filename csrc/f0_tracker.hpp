@@ -1,7 +1,7 @@
 // Streaming YAAPT-style F0 tracker (Zahorian & Hu 2008), one stream per object.
 //
-// The same algorithm, operation for operation, as src/rtanon/f0/numba_kernel.py
-// (the parity test holds them together); every constant comes from
+// The same algorithm, operation for operation, as src/rtanon/f0/numba_kernel.py (and its
+// per-frame searches, numba_candidates.py; the parity test holds them together); every constant comes from
 // rtanon.f0.config.derive() through the iparams/fparams vectors, whose layout
 // is mirrored in the enums below. See numba_kernel.py for the description of
 // the steps. Nothing allocates after construction.
