@@ -80,10 +80,8 @@ def test_the_utterance_content_is_whisper_on_each_utterance_alone(encoder, speec
         cos = (z * want).sum(1) / np.linalg.norm(z, axis=1) / np.linalg.norm(want, axis=1)
         assert cos.mean() > cosine, (pad, cos.mean())
     assert content.sha256.startswith("whisper-tiny.en-utterance:") and len(content.sha256) > 64
-    long = np.concatenate([speech9s] * 4)[:31 * 16000]  # 31 s: a full window and 2 s
-    zl = content.encode(long)
-    assert zl.shape[0] == 31 * 50
-    np.testing.assert_allclose(zl[1450:], content.encode(long[29 * 16000:]), atol=1e-4)
+    long = np.concatenate([speech9s] * 4)[:31 * 16000]  # 31 s: two windows (where: test_utterance_content)
+    assert content.encode(long).shape == (31 * 50, 384)
 
 
 def test_the_stream_gives_the_same_frames_for_any_chunk_size(encoder, speech9s):
