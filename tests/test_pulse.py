@@ -198,8 +198,11 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
 
     # right length: the speech in the output spans as long as in the microphone. A stall of the machine (the
     # full suite once stretched or cut a neural span by 0.4-0.6 s under PipeWire and PulseAudio, never alone)
-    # gets the measurement repeated once, as bench --e2e repeats a failed reference
-    for attempt in range(2):
+    # gets the measurement repeated, as bench --e2e repeats a failed reference. On 2026-12-02 the private
+    # PipeWire daemon starved rtanon's 5 ms output in about half the runs (400-900 xruns in 5 s, both
+    # methods, the code of the day before too) and its virtual microphone then recorded 3.0-4.7 s of 5.4:
+    # three attempts, and the last must hold
+    for attempt in range(3):
         anon, mic, out = capture(attempt)
         if abs(span_s(anon) - span_s(mic)) < 0.3:
             break
