@@ -229,3 +229,19 @@ def test_the_page_says_when_compute_cannot_keep_up_and_what_to_do(tmp_path):
     note = control.status()["overload"]
     assert "31 ms of compute per 20 ms chunk" in note and "--chunk-ms" in note
     assert "--method mcadams" not in note  # it runs already
+
+
+def test_a_settings_path_that_is_a_fifo_costs_the_memory_not_the_action(tmp_path):
+    """Issue 65, item 10: a FIFO where the settings are saved made the page say "could not start the
+    audio" while the audio ran; the action now goes through and the error names the settings."""
+    import os
+
+    from rtanon.live.control import LiveControl
+
+    path = tmp_path / "live-ui.json"
+    os.mkfifo(path)
+    control = LiveControl(LiveSettings(method="mcadams"), settings_file=path)
+    control.act({"action": "new_voice"})
+    control.act({"action": "chunk_ms", "value": 40})
+    assert control.settings.chunk_ms == 40
+    assert control.last_error.startswith("could not save settings:") and "FIFO" in control.last_error

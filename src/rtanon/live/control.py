@@ -159,8 +159,8 @@ class LiveControl:
     def _save(self) -> None:
         try:
             save_settings(self.settings, self._settings_file)
-        except OSError as exc:  # the audio matters more than the memory of settings
-            self.last_error = f"could not save settings: {exc}"
+        except (OSError, UserError) as exc:  # the audio matters more than the memory of settings (a FIFO or
+            self.last_error = f"could not save settings: {exc}"  # a folder at the path is refused, not fatal
 
     # -- audio streams -------------------------------------------------------------
     def _open(self, kind: str, spec: str | None, callback, counters) -> DeviceStream:
