@@ -39,8 +39,9 @@ def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
                         "writes them: OUT/vocoder.onnx (onnxruntime, tensorrt) or OUT/generator.pt (torch)")
     p.add_argument("--content", metavar="FILE", default=None,
                    help="neural method: another content encoder than the shipped one (the .onnx that `rtanon lab "
-                        "export-content` writes); the vocoder must have been trained on its output "
-                        "(`rtanon train vocoder --content-onnx FILE`)")
+                        "export-content` writes, or a whole-utterance one, `rtanon lab export-whisper --utterance`: "
+                        "files and corpora only); the vocoder must have been trained on its output "
+                        "(`rtanon train vocoder --content-onnx FILE`, or `--utterance-content`)")
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
