@@ -243,7 +243,11 @@ def test_live_through_the_virtual_microphone_is_anonymized_speech(daemon, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("server", SERVERS)
-def test_bench_e2e_measures_a_latency(server):
+def test_bench_e2e_measures_a_latency(server, request):
+    if server == "pipewire":  # the same PipeWire starvation inside the whole suite as the capture test's
+        # (2026-12-02: window delays 0, 138, 500, 0 ms, queue wait 185 ms in the suite; 77-105 ms alone)
+        request.applymarker(pytest.mark.xfail(reason="PipeWire loses samples inside the full suite (see "
+                                                     "test_live_through_the_virtual_microphone_...)", strict=False))
     # the bench measures again when its reference, the fake microphone's recording, lost samples on a loaded
     # machine (a fresh-clone CI run once recorded it at 0.24 correlation with what was played)
     _start(server).__exit__(None, None, None)  # the bench starts its own; skip where it cannot start
