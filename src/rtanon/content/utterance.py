@@ -133,6 +133,12 @@ class UtteranceContentModel:
         """A whole utterance -> its ``z`` (floor(len / 320), D)."""
         return encode_utterance(audio, self.run)
 
+    def silence_frame(self) -> np.ndarray:
+        """(D,): the frame of 20 ms of silence, computed once (what a stream's flush reads past a signal)."""
+        if getattr(self, "_silence", None) is None:
+            self._silence = self.encode(np.zeros(FRAME_SAMPLES, np.float32))[0]
+        return self._silence
+
     def open_stream(self, hop: int) -> "UtteranceContentStage":
         return UtteranceContentStage(self, hop)
 
@@ -162,9 +168,7 @@ class UtteranceContentStage:
     def prime(self, signal: np.ndarray) -> None:
         """The whole signal the next chunks will be (16 kHz float32): its frames, and a frame of silence for
         every frame the stream's flush reads past its end."""
-        z = self.model.encode(signal)
-        silence = self.model.encode(np.zeros(FRAME_SAMPLES, np.float32))
-        self._z, self._silence = z, silence[0]
+        self._z, self._silence = self.model.encode(signal), self.model.silence_frame()
         self._received = self._given = 0
 
     def reset(self) -> None:
