@@ -53,3 +53,14 @@ def mini_train(tmp_path, shared_data) -> Path:
     write_map(data / "utt2spk", {u: src.utt2spk[u] for u in utts})
     write_map(data / "spk2gender", {s: src.spk2gender[s] for s in {src.utt2spk[u] for u in utts}})
     return data
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray of 2 CPUs for one test module."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (the [corpus] extra)")
+    from rtanon.corpus.on_ray import start_ray, stop_ray
+
+    start_ray(None, 2)
+    yield ray
+    stop_ray()

@@ -30,16 +30,6 @@ def test_gpu_actors_take_a_share_of_the_clusters_gpus_for_the_neural_method():
         gpus_per_worker(AnonymizerConfig(method="neural", neural=NeuralConfig(device="cuda")), 2, {"CPU": 2})
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (the [corpus] extra)")
-    from rtanon.corpus.on_ray import start_ray, stop_ray
-
-    start_ray(None, 2)
-    yield ray
-    stop_ray()
-
-
 def test_ray_workers_give_the_bytes_of_one_process_and_load_models_once(tmp_path, shared_data, ray_local):
     from rtanon.corpus.on_ray import RayExecutor
 

@@ -6,6 +6,8 @@ noise, never the input."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -184,3 +186,38 @@ def test_a_three_minute_file_is_anonymized_whole(graph, vocoder, three_minutes):
     y = session.process_signal(three_minutes)
     assert y.shape == three_minutes.shape and np.isfinite(y).all() and session.counters.stage_errors == 0
     assert max_xcorr(three_minutes[:30 * 16000], y[:30 * 16000]) < 0.5
+
+
+@pytest.mark.slow
+def test_a_corpus_on_ray_gives_the_bytes_of_one_process_and_resumes_to_them(graph, vocoder, tmp_path, shared_data,
+                                                                             ray_local):
+    from rtanon.corpus.on_ray import RayExecutor
+    from rtanon.corpus.run import CorpusPlan, InProcessExecutor, run_corpus
+    from rtanon.io.kaldi import KaldiDir
+    from test_corpus import make_corpus, tree  # pytest puts tests/ on sys.path (no __init__.py)
+
+    data = KaldiDir.load(make_corpus(tmp_path, shared_data, 4))
+    config = _anonymizer(graph, vocoder).config
+
+    def plan(out):
+        return CorpusPlan(data, tmp_path / out, config, seed=5, batch=1, progress=False)
+
+    local = run_corpus(plan("local"), lambda: InProcessExecutor(config))
+    on_ray = run_corpus(plan("ray"), lambda: RayExecutor(config, None, 2))
+    assert local.ok and on_ray.ok and on_ray.done == 4
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")  # audio, manifest, run.json, maps
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    content = hashlib.sha256(graph.read_bytes()).hexdigest()
+    assert len(manifest["utterances"]) == 4 and all(r["models"]["content"] == content
+                                                    for r in manifest["utterances"].values())
+    # lost outputs are redone on the next run, to the same bytes; the rest is verified and kept
+    wavs = sorted((tmp_path / "ray").glob("*.wav"))
+    wavs[0].unlink()
+    wavs[2].write_bytes(wavs[2].read_bytes()[:1000])
+    again = run_corpus(plan("ray"), lambda: RayExecutor(config, None, 2))
+    assert again.ok and again.done == 2 and again.skipped == 2
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    from rtanon.io.audio import read_audio
+
+    y, x = read_audio(wavs[1]), read_audio(data.wav[sorted(data.wav)[1]])
+    assert max_xcorr(x[:len(y)], y) < 0.5  # anonymized, not the input
