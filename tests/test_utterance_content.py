@@ -6,7 +6,6 @@ noise, never the input."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 
 import numpy as np
@@ -192,7 +191,8 @@ def test_a_three_minute_file_is_anonymized_whole(graph, vocoder, three_minutes):
 def test_a_corpus_on_ray_gives_the_bytes_of_one_process_and_resumes_to_them(graph, vocoder, tmp_path, shared_data,
                                                                              ray_local):
     from rtanon.corpus.on_ray import RayExecutor
-    from rtanon.corpus.run import CorpusPlan, InProcessExecutor, run_corpus
+    from rtanon.corpus.run import CorpusPlan, InProcessExecutor, file_sha256, run_corpus
+    from rtanon.io.audio import read_audio
     from rtanon.io.kaldi import KaldiDir
     from test_corpus import make_corpus, tree  # pytest puts tests/ on sys.path (no __init__.py)
 
@@ -207,8 +207,7 @@ def test_a_corpus_on_ray_gives_the_bytes_of_one_process_and_resumes_to_them(grap
     assert local.ok and on_ray.ok and on_ray.done == 4
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")  # audio, manifest, run.json, maps
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
-    content = hashlib.sha256(graph.read_bytes()).hexdigest()
-    assert len(manifest["utterances"]) == 4 and all(r["models"]["content"] == content
+    assert len(manifest["utterances"]) == 4 and all(r["models"]["content"] == file_sha256(graph)
                                                     for r in manifest["utterances"].values())
     # lost outputs are redone on the next run, to the same bytes; the rest is verified and kept
     wavs = sorted((tmp_path / "ray").glob("*.wav"))
@@ -217,7 +216,5 @@ def test_a_corpus_on_ray_gives_the_bytes_of_one_process_and_resumes_to_them(grap
     again = run_corpus(plan("ray"), lambda: RayExecutor(config, None, 2))
     assert again.ok and again.done == 2 and again.skipped == 2
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
-    from rtanon.io.audio import read_audio
-
     y, x = read_audio(wavs[1]), read_audio(data.wav[sorted(data.wav)[1]])
     assert max_xcorr(x[:len(y)], y) < 0.5  # anonymized, not the input
