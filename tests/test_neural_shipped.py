@@ -1,5 +1,5 @@
-"""The shipped neural vocoders (both privacy points) on real speech (so762_dev): what the method promises
-of the trained weights.
+"""The shipped neural vocoders (both privacy points and the whole-utterance content's) on real speech
+(so762_dev): what the method promises of the trained weights.
 
 - the output's pitch is the F0 it was asked for (the input's intonation mapped to the pseudo-speaker's
   range): the rtanon F0 tracker run on the output finds it frame by frame;
@@ -20,12 +20,13 @@ from rtanon.config import PRIVACY_POINTS, AnonymizerConfig, NeuralConfig  # noqa
 from rtanon.engine import Anonymizer  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=PRIVACY_POINTS)
+@pytest.fixture(scope="module", params=(*PRIVACY_POINTS, "utterance"))
 def anonymizer(request):
     from rtanon.stages.neural import VocoderMissing
 
+    point = {"context": "utterance"} if request.param == "utterance" else {"privacy": request.param}
     try:
-        return Anonymizer(AnonymizerConfig(method="neural", neural=NeuralConfig(privacy=request.param)))
+        return Anonymizer(AnonymizerConfig(method="neural", neural=NeuralConfig(**point)))
     except VocoderMissing as exc:
         pytest.skip(str(exc))
 
@@ -51,6 +52,8 @@ def test_output_pitch_is_the_mapped_pitch(anonymizer, speech):
         return mapped
 
     stage.pitch.process = recording
+    if stage.needs_whole_signal:  # the whole-utterance content reads the signal first
+        stage.prime(speech)
     n = len(speech) // 320 * 320
     out = np.concatenate([stage.process(speech[i:i + 320]) for i in range(0, n, 320)])
     assert np.isfinite(out).all()

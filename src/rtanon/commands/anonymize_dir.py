@@ -7,12 +7,16 @@ import os
 import signal
 import sys
 
-from rtanon.commands._common import add_engine_args, add_seed_arg, config_from_args, identity_from_args
+from rtanon.commands._common import add_context_arg, add_engine_args, add_seed_arg, config_from_args, identity_from_args
 from rtanon.errors import Interrupted, install_hint
 
 DESCRIPTION = """\
 Writes OUT/<utt-id>.wav for every utterance of KALDI_DIR, plus wav.scp, utt2spk, spk2gender (and spk2age,
 text when present), so OUT is a Kaldi-style directory too.
+
+The neural method reads each utterance whole (--context utterance, the default here: Whisper tiny.en's
+encoder and the vocoder trained on it), which loses fewer words and links less than the live path's causal
+content (--context causal); figures: models/neural/MODEL_CARD_UTTERANCE.md.
 
 Before the first output is written, every input is checked (utterance ids are plain file names, unique;
 every file exists and has a decodable header) and OUT may be neither the input nor hold any of it. The
@@ -77,6 +81,7 @@ def register(sub) -> None:
                         "(default: 2); medians give the overhead")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_engine_args(p)
+    add_context_arg(p, default="utterance")  # corpora need no causality: models/neural/MODEL_CARD_UTTERANCE.md
     add_seed_arg(p)
     p.set_defaults(func=run)
 

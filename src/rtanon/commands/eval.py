@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtanon.commands._common import add_engine_args
+from rtanon.commands._common import add_context_arg, add_engine_args
 
 
 def register(sub) -> None:
@@ -25,6 +25,7 @@ def register(sub) -> None:
                    "spk2gender; text for WER)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
     add_engine_args(p)
+    add_context_arg(p)
     p.add_argument("--train-data", metavar="KALDI_DIR", default=None,
                    help="the attacker's training speakers for the semi-informed backend (default: the sibling "
                         "directory named *_train, e.g. so762_dev -> so762_train; for libri_devclean pass one, "

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -34,6 +36,26 @@ PAD_SAMPLES = SAMPLE_RATE_HZ
 WINDOW_SAMPLES = 1500 * FRAME_SAMPLES - PAD_SAMPLES
 #: ``kind`` in a graph's content metadata (``rtanon.content.stream.CONFIG_METADATA_KEY``)
 KIND = "utterance"
+#: the shipped graph (``--context utterance``) in ``rtanon/models/content/``: Whisper tiny.en's encoder as
+#: ``rtanon lab export-whisper --utterance`` writes it, its weights float16 as in ``model.bin``
+PACKAGED_ONNX = "whisper_tiny_en_utterance.onnx"
+
+
+def packaged_ref():
+    """The package resource of the shipped whole-utterance graph."""
+    return resources.files("rtanon").joinpath("models", "content", PACKAGED_ONNX)
+
+
+@contextmanager
+def packaged_path() -> Iterator[Path]:
+    from rtanon.config import ConfigError
+
+    with resources.as_file(packaged_ref()) as p:
+        if not p.exists():
+            raise ConfigError(f"this rtanon has no whole-utterance content graph (models/content/{PACKAGED_ONNX} "
+                                 "is missing): use --context causal, or write one with `rtanon lab export-whisper "
+                                 "--utterance`")
+        yield p
 
 
 #: audio either side of a long signal's cut that its window also reads (context, not taken from it)

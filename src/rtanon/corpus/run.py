@@ -154,22 +154,17 @@ def model_hashes(config) -> dict[str, str]:
     """sha256 of the model files the method runs (none for McAdams)."""
     if config.method != "neural":
         return {}
-    from rtanon.content.stream import packaged_model_path
-    from rtanon.stages.neural import PACKAGED_CHECKPOINT, PACKAGED_ONNX, packaged_ref
+    from importlib import resources
+
+    from rtanon.stages.neural import content_ref, packaged_vocoder_ref
 
     n = config.neural
     vocoder = n.vocoder_checkpoint if n.backend == "torch" else n.vocoder_onnx
-    if vocoder is None:
-        vocoder = packaged_ref(PACKAGED_CHECKPOINT if n.backend == "torch" else PACKAGED_ONNX, n.privacy)
     out = {}
-    if Path(str(vocoder)).is_file():
-        out["vocoder"] = file_sha256(str(vocoder))
-    if n.content_onnx:
-        out["content"] = file_sha256(n.content_onnx)
-    else:
-        with packaged_model_path() as p:
-            if p.is_file():
-                out["content"] = file_sha256(p)
+    for name, ref in (("vocoder", Path(vocoder) if vocoder else packaged_vocoder_ref(n)), ("content", content_ref(n))):
+        with resources.as_file(ref) as p:
+            if Path(p).is_file():
+                out[name] = file_sha256(p)
     return out
 
 

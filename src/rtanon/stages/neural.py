@@ -57,8 +57,10 @@ from rtanon.neural.input_mel import InputMelStream
 from rtanon.paths import check_regular
 from rtanon.stages.base import check_chunk
 
-#: The packaged vocoder of each privacy point (``NeuralConfig.privacy``), in the package's data.
-PACKAGED_DIRS = {"strong": ("models", "neural"), "balanced": ("models", "neural", "balanced")}
+#: The packaged vocoder of each privacy point (``NeuralConfig.privacy``) and of the whole-utterance content
+#: (``NeuralConfig.context``), in the package's data.
+PACKAGED_DIRS = {"strong": ("models", "neural"), "balanced": ("models", "neural", "balanced"),
+                 "utterance": ("models", "neural", "utterance")}
 PACKAGED_ONNX = "vocoder.onnx"
 PACKAGED_CHECKPOINT = "generator.pt"
 #: ONNX metadata key holding the vocoder's config (JSON), written by ``rtanon.train.export``.
@@ -70,8 +72,33 @@ class VocoderMissing(UserError, FileNotFoundError):
 
 
 def packaged_ref(name: str, privacy: str):
-    """The package resource of the shipped vocoder file ``name`` for the privacy point ``privacy``."""
+    """The package resource of the shipped vocoder file ``name`` for the point ``privacy`` (a privacy point,
+    or ``utterance``: :func:`vocoder_point`)."""
     return resources.files("rtanon").joinpath(*PACKAGED_DIRS[privacy], name)
+
+
+def vocoder_point(cfg: NeuralConfig) -> str:
+    """Which shipped vocoder ``cfg`` runs: the whole-utterance content's own, or the privacy point's."""
+    return "utterance" if cfg.context == "utterance" else cfg.privacy
+
+
+def packaged_vocoder_ref(cfg: NeuralConfig):
+    """The shipped vocoder file ``cfg`` runs when it names none (the torch backend's checkpoint, the others'
+    graph)."""
+    return packaged_ref(PACKAGED_CHECKPOINT if cfg.backend == "torch" else PACKAGED_ONNX, vocoder_point(cfg))
+
+
+def content_ref(cfg: NeuralConfig):
+    """The content encoder graph ``cfg`` runs: ``content_onnx``, or the shipped one of its ``context``."""
+    if cfg.content_onnx:
+        return Path(cfg.content_onnx)
+    if cfg.context == "utterance":
+        from rtanon.content.utterance import packaged_ref as utterance_ref
+
+        return utterance_ref()
+    from rtanon.content.stream import PACKAGED_ONNX as CONTENT_ONNX
+
+    return resources.files("rtanon").joinpath("models", "content", CONTENT_ONNX)
 
 
 @contextmanager
@@ -79,7 +106,8 @@ def packaged_path(name: str, privacy: str) -> Iterator[Path]:
     with resources.as_file(packaged_ref(name, privacy)) as p:
         if not p.exists():
             where = "/".join((*PACKAGED_DIRS[privacy], name))
-            raise VocoderMissing(f"this rtanon has no trained neural vocoder for --privacy {privacy} ({where} is "
+            option = "--context utterance" if privacy == "utterance" else f"--privacy {privacy}"
+            raise VocoderMissing(f"this rtanon has no trained neural vocoder for {option} ({where} is "
                                  "missing): use --method mcadams, or train one with `rtanon train vocoder`")
         yield p
 
@@ -137,7 +165,7 @@ class NeuralVoiceModel:
             if cfg.vocoder_checkpoint:
                 model = load_generator(cfg.vocoder_checkpoint, device)
             else:
-                with packaged_path(PACKAGED_CHECKPOINT, cfg.privacy) as p:
+                with packaged_path(PACKAGED_CHECKPOINT, vocoder_point(cfg)) as p:
                     model = load_generator(p, device)
             self.vocoder_config = model.config
             self.backend = make_backend("torch", model=model, device=device, threads=cfg.threads,
@@ -150,17 +178,25 @@ class NeuralVoiceModel:
                     raise VocoderMissing(f"{onnx_path}: no such vocoder graph")
                 self._build_onnx(onnx_path)
             else:
-                with packaged_path(PACKAGED_ONNX, cfg.privacy) as p:
+                with packaged_path(PACKAGED_ONNX, vocoder_point(cfg)) as p:
                     self._build_onnx(p)
         if cfg.content_onnx:
             check_regular(cfg.content_onnx, "content encoder graph (.onnx)")
         if cfg.content_onnx and not Path(cfg.content_onnx).exists():
             raise ConfigError(f"{cfg.content_onnx}: no such content encoder graph")
         utterance = None
-        if cfg.content_onnx:  # a whole-utterance graph (files and corpora) or a causal one
+        if cfg.context == "utterance" and not cfg.content_onnx:
+            from rtanon.content.utterance import UtteranceContentModel, packaged_path as utterance_path
+
+            with utterance_path() as p:
+                utterance = UtteranceContentModel(p, cfg.threads)
+        elif cfg.content_onnx:  # a whole-utterance graph (files and corpora) or a causal one
             from rtanon.content.utterance import UtteranceContentModel
 
             utterance = UtteranceContentModel.load_if_utterance(cfg.content_onnx, cfg.threads)
+            if utterance is None and cfg.context == "utterance":
+                raise ConfigError(f"{cfg.content_onnx} is a causal content graph: --context utterance needs a "
+                                  "whole-utterance one (`rtanon lab export-whisper --utterance`)")
         if utterance is not None:
             self.content = utterance  # on ONNX Runtime's CPU provider whatever runs the vocoder
         else:

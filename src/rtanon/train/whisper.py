@@ -360,13 +360,14 @@ class UtteranceContent:
         return encode_utterance(audio, self.run)
 
     def export_onnx(self, path: str | Path) -> Path:
-        """The graph for :class:`rtanon.content.utterance.UtteranceContentModel` (frames dynamic)."""
+        """The graph for :class:`rtanon.content.utterance.UtteranceContentModel` (frames dynamic), its weights
+        stored in float16 as shipped (the same outputs: they are float16 in ``model.bin``)."""
         import json
 
         from rtanon.atomic import atomic_path
         from rtanon.content.stream import CONFIG_METADATA_KEY
         from rtanon.content.utterance import KIND
-        from rtanon.train.export import _set_metadata
+        from rtanon.train.export import _set_metadata, store_exact_float16
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -374,6 +375,7 @@ class UtteranceContent:
             torch.onnx.export(self.graph, (torch.zeros(1, 50 * FRAME_SAMPLES),), str(tmp), input_names=["audio"],
                               output_names=["z"], dynamic_axes={"audio": {1: "n_samples"}, "z": {1: "n_frames"}},
                               opset_version=17, dynamo=False)
+        store_exact_float16(path)
         _set_metadata(path, {CONFIG_METADATA_KEY: json.dumps({"kind": KIND, "whisper": self.model,
                                                               "content_sha256": self.sha256})})
         return path
