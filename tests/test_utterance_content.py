@@ -282,3 +282,23 @@ def test_anonymize_dir_reads_whole_utterances_by_default_and_the_live_path_on_re
         for r in records:
             x, y = read_audio(r["input"]), read_audio(out / r["output"])
             assert len(x) == len(y) and max_xcorr(x, y) < 0.5
+
+
+def test_privacy_with_the_whole_utterance_context_is_refused_not_ignored(tmp_path, shared_data):
+    """``--privacy`` picks among the live path's vocoders; with ``--context utterance`` (anonymize-dir's
+    default) it would do nothing, so it is refused with the fix, before any output is written; with
+    ``--context causal`` it is taken."""
+    from test_corpus import make_corpus  # pytest puts tests/ on sys.path (no __init__.py)
+
+    data = make_corpus(tmp_path, shared_data, 2)
+    for extra, code in (((), 2), (("--context", "causal"), 0)):
+        out = tmp_path / f"out{code}"
+        proc = subprocess.run([sys.executable, "-m", "rtanon", "anonymize-dir", "--data", str(data), "--out",
+                               str(out), "--workers", "0", "--seed", "3", "--no-progress", "--privacy", "strong",
+                               *extra], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == code, proc.stderr
+        if code:
+            assert "--privacy strong" in proc.stderr and "--context causal" in proc.stderr
+            assert not out.exists() or not any(out.iterdir())
+        else:
+            assert len(json.loads((out / "manifest.json").read_text())["utterances"]) == 2

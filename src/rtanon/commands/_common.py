@@ -53,6 +53,7 @@ def add_context_arg(p: argparse.ArgumentParser, default: str = NeuralConfig.cont
                         "utterance: Whisper tiny.en's encoder over each whole utterance with the vocoder trained on "
                         "it (files and corpora only): fewer lost words, at least the strong point's privacy; "
                         "--privacy does not apply. Figures: models/neural/MODEL_CARD_UTTERANCE.md")
+    p.set_defaults(privacy=None)  # given with --context utterance it is refused (config_from_args), not ignored
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
@@ -78,6 +79,15 @@ def identity_from_args(args: argparse.Namespace):
 
 
 def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
+    """The AnonymizerConfig of the engine options; a ``--privacy`` the chosen ``--context`` has no use for is
+    refused (CliError) rather than silently ignored."""
+    context = getattr(args, "context", NeuralConfig.context)
+    privacy = getattr(args, "privacy", None)
+    if privacy is not None and context == "utterance" and args.method == "neural":
+        from rtanon.errors import CliError
+        raise CliError(f"--privacy {privacy} chooses among the live path's vocoders; --context utterance has one "
+                       "vocoder of its own (at least the strong point's privacy): drop --privacy, or add "
+                       "--context causal for the live path's points")
     backend = getattr(args, "backend", NeuralConfig.backend)
     vocoder = getattr(args, "vocoder", None)
     weights = {}
@@ -86,8 +96,7 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
     neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "accelerator", NeuralConfig.device),
                      cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs),
                      content_onnx=getattr(args, "content", None),
-                     privacy=getattr(args, "privacy", NeuralConfig.privacy),
-                     context=getattr(args, "context", NeuralConfig.context), **weights)
+                     privacy=privacy or NeuralConfig.privacy, context=context, **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
                    neural=neural)
 

