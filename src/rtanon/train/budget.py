@@ -27,7 +27,9 @@ Whisper model of ``--asr`` (WER) and by hama's phone recognizer against the tran
   ``rtanon lab envelope-probe train``): the synthesiser on envelopes a small causal regressor predicts from
   the Whisper teacher (``whisper``), hama's phone posteriors (``phones``) or the student's ``z``, with the
   own embedding and F0 or the pseudo-voice's: the vocoder fed teacher content, through one renderer for
-  every input.
+  every input. The whole-utterance candidates of files and corpora (``utterance``: Whisper tiny.en over
+  each utterance alone, ``utterancebase``: Whisper base, ``moonshine``: Moonshine base's encoder) the same
+  way, with the own voice.
 
 Each row has a parent; its stage cost is its error rate minus the parent's, and the table names the
 stage that costs the most. The per-utterance transcripts go to ``--out`` (JSON); a rerun with the same
@@ -85,6 +87,11 @@ ROWS = (
     Row("probe_phoneframes_own", "probe_mel_own", "hama's phones spread over their frames (one-hot; own voice)"),
     Row("probe_student_own", "probe_z_own", "a content checkpoint's z (own voice)"),
     Row("probe_studentphones_own", "probe_mel_own", "a content checkpoint's causal phone reader (own voice)"),
+    Row("probe_utterance_own", "probe_mel_own", "Whisper tiny.en over each utterance alone (the shipped "
+                                                "whole-utterance content; own voice)"),
+    Row("probe_utterancebase_own", "probe_utterance_own", "Whisper base instead of tiny.en (own voice)"),
+    Row("probe_moonshine_own", "probe_utterance_own", "Moonshine base's encoder instead of Whisper tiny.en "
+                                                      "(own voice)"),
 )
 #: Rows rendered unless ``--rows`` says otherwise; the ``probe_*`` rows need ``--probes DIR``.
 DEFAULT_ROWS = tuple(r.name for r in ROWS if not r.name.startswith("probe_"))
@@ -404,7 +411,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--rows", default=",".join(DEFAULT_ROWS),
                     help=f"comma-separated, from {', '.join(ROW_NAMES)} (default: all but the probe rows)")
     ap.add_argument("--probes", default=None, metavar="DIR",
-                    help="directory with envprobe_{whisper,phones,z}.pt (rtanon lab envelope-probe train), for "
+                    help="directory with envprobe_KIND.pt (rtanon lab envelope-probe train --input KIND), for "
                          "the probe_* rows")
     ap.add_argument("--content", default=None, metavar="ONNX",
                     help="a candidate content encoder graph for the student, strong and balanced rows, causal "

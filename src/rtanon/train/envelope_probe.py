@@ -10,7 +10,11 @@ embedding:
 - ``phones``: hama's phone log-posteriors (191 IPA tokens at 50 Hz; the phonetic teacher, non-causal);
 - ``z``: the shipped causal content encoder's ``z`` (what the vocoders read);
 - ``mel``: the input's own 80-band log-mel per 20 ms (the balanced vocoder's input spectrum, uncut): the
-  control, how close the regressor and the synthesiser get when the content holds the spectrum itself.
+  control, how close the regressor and the synthesiser get when the content holds the spectrum itself;
+- ``utterance``, ``utterancebase``, ``moonshine``: the whole-utterance candidates of files and corpora
+  (issue 62), each encoder over one utterance alone with a second of silence after it: Whisper tiny.en
+  (the shipped path's content), Whisper base, Moonshine base (``pip install '.[moonshine]'``); computed
+  on the first ``train`` into ``content_KIND.npy`` beside the cache.
 
 The budget renders the fitted regressors' envelopes through the synthesiser (rows ``probe_*``), so the
 four differ in their input only: the gap between ``whisper``/``phones`` and ``z`` is what a better causal
