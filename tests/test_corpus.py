@@ -380,3 +380,23 @@ def test_a_manifest_nested_too_deep_is_refused_in_one_line(tmp_path, shared_data
     (out / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(CorpusError, match="nested too deep"):
         run(anonymizer, d, out)
+
+
+def test_the_bench_cpu_meter_keeps_what_a_process_that_left_the_tree_used():
+    """``anonymize-dir --bench`` counts the CPU of every process below it (a local Ray's); a process that
+    leaves that tree during the run (as Ray's killed actors do, reaped by nobody in it) keeps what it used
+    while it was there, so the total is never negative, as it was when only the two ends were summed."""
+    from rtanon.corpus.bench import CpuMeter
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("the meter reads /proc")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\n"
+    # the child starts a grandchild that burns CPU, then exits: the grandchild leaves this process's tree
+    child = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time\n"
+                              f"subprocess.Popen([sys.executable, '-c', {burn!r}])\ntime.sleep(0.8)\n"])
+    time.sleep(0.4)
+    meter = CpuMeter(tree=True, every_s=0.05).start()
+    child.wait()
+    time.sleep(0.3)
+    used = meter.stop()
+    assert used is not None and 0.05 < used < 5.0, used

@@ -46,13 +46,13 @@ def _outputs(out: Path) -> dict[str, str]:
     return {u: r["output_sha256"] for u, r in recs.items()}
 
 
-def _cpu_s(tree: bool) -> float | None:
-    """CPU seconds used so far by this process (and, with ``tree``, every process below it: a local Ray's
-    daemons and actors, with the children they reaped), from /proc; None where there is no /proc."""
+def _proc_cpu_ticks() -> dict[int, tuple[int, int, int]] | None:
+    """{pid: (ppid, own CPU ticks, ticks of the children it reaped)} of every process, from /proc; None where
+    there is no /proc."""
     proc = Path("/proc")
     if not (proc / "self" / "stat").exists():
         return None
-    stats: dict[int, tuple[int, int]] = {}
+    stats = {}
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
@@ -61,17 +61,64 @@ def _cpu_s(tree: bool) -> float | None:
         except OSError:
             continue
         fields = raw[raw.rindex(")") + 2:].split()  # state, ppid, ..., utime stime cutime cstime at 11..14
-        stats[int(d.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, stack = 0, [os.getpid()]
-    while stack:
-        pid = stack.pop()
-        total += stats.get(pid, (0, 0))[1]
-        if tree:
-            stack.extend(children.get(pid, []))
-    return total / os.sysconf("SC_CLK_TCK")
+        stats[int(d.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
+    return stats
+
+
+class CpuMeter:
+    """CPU seconds used between :meth:`start` and :meth:`stop` by this process (with the children it reaped)
+    or, with ``tree``, by it and every process below it, each its own time: a local Ray's daemons and
+    actors. Those come and go
+    during a run (the actors are killed before it returns, and nothing in the tree reaps them), so a
+    thread samples each one's own CPU time every ``every_s`` and a process counts what it used from its
+    first to its last sample: one that exits loses at most its last ``every_s``, never a negative."""
+
+    def __init__(self, tree: bool, every_s: float = 0.1) -> None:
+        import threading
+
+        self.tree, self.every_s = tree, every_s
+        self._first: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rtanon-cpu-meter", daemon=True)
+
+    def _sample(self, first: bool = False) -> bool:
+        stats = _proc_cpu_ticks()
+        if stats is None:
+            return False
+        me = os.getpid()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in stats.items():
+            children.setdefault(ppid, []).append(pid)
+        stack = [me]
+        while stack:
+            pid = stack.pop()
+            if pid not in stats:
+                continue
+            ticks = stats[pid][1] + (stats[pid][2] if pid == me and not self.tree else 0)
+            self._last[pid] = ticks
+            self._first.setdefault(pid, ticks if first else 0)  # a process born in the run counts from 0
+            if self.tree:
+                stack.extend(children.get(pid, []))
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def start(self) -> "CpuMeter":
+        if self._sample(first=True) and self.tree:
+            self._thread.start()
+        return self
+
+    def stop(self) -> float | None:
+        """-> the CPU seconds; None where there is no /proc."""
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+        if not self._sample():
+            return None
+        return sum(self._last[p] - self._first[p] for p in self._last) / os.sysconf("SC_CLK_TCK")
 
 
 def _load() -> float:
@@ -83,9 +130,9 @@ def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, 
     plan = CorpusPlan(data, out, config, seed=seed, batch=batch, progress=False)
     ex = factory()  # models loaded (and warmed up) before the clocks start
     tree = name != "in-process"
-    load0, cpu0 = _load(), _cpu_s(tree) if count_cpu else None
+    load0, meter = _load(), CpuMeter(tree).start() if count_cpu else None
     result = run_corpus(plan, lambda: ex)
-    cpu1 = _cpu_s(tree) if count_cpu else None
+    cpu_s = meter.stop() if meter else None
     row = {"run": name, "workers": ex.workers, "utterances": result.done, "failed": len(result.failed),
            "audio_s": round(result.audio_s, 2), "wall_s": round(result.process_s, 3),
            "startup_s": round(ex.startup_s, 2),
@@ -95,7 +142,7 @@ def _measure(name: str, data: KaldiDir, out: Path, config, factory, batch: int, 
                               for w, v in sorted(result.workers.items(), key=lambda kv: str(kv[0]))},
            "cpu_rtf_per_worker": {w: round(v["cpu_s"] / max(v["audio_s"], 1e-9), 4)
                                   for w, v in sorted(result.workers.items(), key=lambda kv: str(kv[0]))},
-           "cpu_s": None if cpu0 is None else round(cpu1 - cpu0, 2),
+           "cpu_s": None if cpu_s is None else round(cpu_s, 2),
            "load_before": round(load0, 2), "load_after": round(_load(), 2)}
     row["worker_names"] = [str(w) for w in sorted(result.workers, key=str)]
     print(f"{name:>14}  {row['workers']:>2} workers  {row['wall_s']:8.2f} s  {row['x_real_time']:7.2f}x real time  "
