@@ -5,6 +5,7 @@ gives the same frames, causality with one frame of lookahead, bounded state past
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,12 @@ def test_the_fine_tune_runs_resumes_and_exports(tmp_path, shared_data, mini_trai
     assert model.encode(np.zeros(3200, np.float32)).shape == (10, 384)
     half = torch.load(tmp_path / "ft.pt", weights_only=False)["model"]
     assert half["encoder.layers.0.qkv.weight"].dtype == torch.float16
+    # a checkpoint from another machine names a k-means file that is not here: --kmeans gives it
+    moved = torch.load(tmp_path / "ft.pt", weights_only=False)
+    kmeans = tmp_path / "kmeans.npz"
+    kmeans.write_bytes(Path(moved["kmeans"]).read_bytes())
+    moved["kmeans"] = str(tmp_path / "gone" / "kmeans.npz")
+    torch.save(moved, tmp_path / "moved.pt")
+    assert main_export([str(tmp_path / "moved.onnx"), "--checkpoint", str(tmp_path / "moved.pt"), "--kmeans",
+                        str(kmeans)]) == 0
+    assert ContentEncoderModel(tmp_path / "moved.onnx").encode(np.zeros(3200, np.float32)).shape == (10, 384)

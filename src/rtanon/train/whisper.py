@@ -460,11 +460,13 @@ def main_export(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--model", choices=("tiny.en", "base"), default="tiny.en", help="Whisper model (default tiny.en)")
     ap.add_argument("--window-frames", type=int, default=100,
                     help="frames of 20 ms each frame attends to, itself included (default 100: 2 s)")
-    ap.add_argument("--kmeans", type=Path, default=Path("models/content/kmeans_K128.npz"),
-                    help="the teacher's k-means units, read as the graph's probs (default: the shipped encoder's)")
+    ap.add_argument("--kmeans", type=Path, default=None,
+                    help="the teacher's k-means units, read as the graph's probs (default: the checkpoint's, or "
+                         "the shipped encoder's, models/content/kmeans_K128.npz)")
     ap.add_argument("--checkpoint", type=Path, default=None, metavar="CKPT",
-                    help="a fine-tune's weights (`rtanon train content --whisper` writes OUT/ckpt.pt; its model, "
-                         "window and k-means replace --model, --window-frames and --kmeans)")
+                    help="a fine-tune's weights (`rtanon train content --whisper` writes OUT/ckpt.pt; its model "
+                         "and window replace --model and --window-frames, and its k-means path is the default "
+                         "of --kmeans)")
     ap.add_argument("--utterance", action="store_true",
                     help="write the whole-utterance graph instead (files and corpora: `rtanon file --context "
                          "utterance`; the encoder as Whisper runs it, no streaming)")
@@ -482,8 +484,10 @@ def main_export(argv: list[str] | None = None, prog: str | None = None) -> int:
     meta = {"whisper": args.model, "zero_shot": True}
     ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False) if args.checkpoint else None
     if ck is not None:
-        args.model, args.window_frames, args.kmeans = ck["whisper"], ck["window_frames"], Path(ck["kmeans"])
+        args.model, args.window_frames = ck["whisper"], ck["window_frames"]
+        args.kmeans = args.kmeans or Path(ck["kmeans"])
         meta = {"whisper": args.model, "zero_shot": False, "step": ck.get("step")}
+    args.kmeans = args.kmeans or Path("models/content/kmeans_K128.npz")
     stream = StreamingWhisperEncoder(WhisperEncoder.from_ct2(encoder_weights(args.model)), args.window_frames)
     if ck is not None:
         stream.load_state_dict({name: t.float() for name, t in ck["model"].items()})
