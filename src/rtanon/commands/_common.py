@@ -9,6 +9,15 @@ from rtanon.config import (ALLOWED_CHUNK_MS, CONTEXTS, METHOD_NAMES, PRIVACY_POI
                            StreamConfig)
 
 
+class _StoreGiven(argparse.Action):
+    """Stores the value and notes that it was given (``<dest>_given``), so a default can be told apart from
+    the same value typed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
     """The engine's options; ``chunk=False`` for a command whose chunk is fixed (the default one)."""
     default = AnonymizerConfig()
@@ -20,7 +29,7 @@ def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
     else:
         p.set_defaults(chunk_ms=default.stream.chunk_ms)
     n = default.neural
-    p.add_argument("--privacy", default=n.privacy, choices=PRIVACY_POINTS,
+    p.add_argument("--privacy", default=n.privacy, choices=PRIVACY_POINTS, action=_StoreGiven,
                    help=f"neural method: which shipped vocoder (default: {n.privacy}). balanced also reads the "
                         "input's spectral shape: easier to understand, easier for an attacker to link back; strong "
                         "renders from the content encoder alone: harder to link, harder to understand. Figures "
@@ -53,7 +62,6 @@ def add_context_arg(p: argparse.ArgumentParser, default: str = NeuralConfig.cont
                         "utterance: Whisper tiny.en's encoder over each whole utterance with the vocoder trained on "
                         "it (files and corpora only): fewer lost words, at least the strong point's privacy; "
                         "--privacy does not apply. Figures: models/neural/MODEL_CARD_UTTERANCE.md")
-    p.set_defaults(privacy=None)  # given with --context utterance it is refused (config_from_args), not ignored
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
@@ -82,8 +90,8 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
     """The AnonymizerConfig of the engine options; a ``--privacy`` the chosen ``--context`` has no use for is
     refused (CliError) rather than silently ignored."""
     context = getattr(args, "context", NeuralConfig.context)
-    privacy = getattr(args, "privacy", None)
-    if privacy is not None and context == "utterance" and args.method == "neural":
+    privacy = getattr(args, "privacy", NeuralConfig.privacy)
+    if getattr(args, "privacy_given", False) and context == "utterance" and args.method == "neural":
         from rtanon.errors import CliError
         raise CliError(f"--privacy {privacy} chooses among the live path's vocoders; --context utterance has one "
                        "vocoder of its own (at least the strong point's privacy): drop --privacy, or add "
@@ -96,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> AnonymizerConfig:
     neural = replace(NeuralConfig(), backend=backend, device=getattr(args, "accelerator", NeuralConfig.device),
                      cuda_graphs=getattr(args, "cuda_graphs", NeuralConfig.cuda_graphs),
                      content_onnx=getattr(args, "content", None),
-                     privacy=privacy or NeuralConfig.privacy, context=context, **weights)
+                     privacy=privacy, context=context, **weights)
     return replace(AnonymizerConfig(), method=args.method, stream=StreamConfig(chunk_ms=args.chunk_ms),
                    neural=neural)
 
