@@ -139,6 +139,58 @@ def test_the_exported_graph_streams_what_torch_computes(encoder, speech9s, tmp_p
     assert got.shape == (len(want) - 1, 384)  # the last frame waits for 20 ms that never came
     assert np.abs(got - want[:-1]).max() < 1e-3
     assert np.abs(model.encode(x) - want).max() < 1e-3
+    # a server steps its sessions as one batch: each row of it is that stream alone
+    rows = [(x[8000 + i * 8000: 8000 + i * 8000 + 640].copy(), model.init_state()) for i in range(3)]
+    batched = model.run_batch(rows)
+    for (audio, state), (probs, z, new) in zip(rows, batched):
+        probs1, z1, new1 = model.run(audio, state)
+        np.testing.assert_allclose(z, z1, atol=1e-5)
+        assert [a.shape for a in new] == [a.shape for a in new1] == [a.shape for a in model.init_state()]
+        for a, b in zip(new, new1):
+            np.testing.assert_allclose(a, b, atol=1e-4)
+    assert np.abs(batched[0][1] - batched[1][1]).max() > 0.1  # the rows differ, so mixing them up would show
+
+
+def test_a_vocoder_is_packaged_for_a_reexported_graph_of_its_content(encoder, tmp_path, capsys):
+    """`rtanon lab package-vocoder --content GRAPH` records GRAPH as what the vocoder reads (a re-export of
+    the graph it was trained on, whose bytes differ), so the run time pairs them; a graph of another width
+    is refused."""
+    pytest.importorskip("onnx")
+    import dataclasses
+    import hashlib
+
+    from rtanon.cli import main
+    from rtanon.config import ConfigError, NeuralConfig
+    from rtanon.neural.config import VocoderConfig
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder
+    from rtanon.stages.neural import NeuralVoiceModel
+
+    kmeans = {"mean": np.zeros(384, np.float32), "std": np.ones(384, np.float32),
+              "centers": np.random.default_rng(2).standard_normal((16, 384)).astype(np.float32)}
+    graph = W.export_onnx(W.StreamingWhisperEncoder(encoder, window_frames=8), kmeans, tmp_path / "w.onnx", {})
+    config = VocoderConfig(units_dim=384, speaker_dim=256, initial_channels=16, min_channels=4,
+                           prenet_dilations=(1,), envelope_points=8, envelope_harmonics=8, noise_taps=16,
+                           content_sha256="0" * 64)
+    torch.manual_seed(0)
+    torch.save({"generator": HarmonicNoiseVocoder(config).state_dict(), "config": dataclasses.asdict(config),
+                "step": 3}, tmp_path / "run.pt")
+    neural = NeuralConfig(content_onnx=str(graph), vocoder_onnx=str(tmp_path / "plain" / "vocoder.onnx"))
+    assert main(["lab", "package-vocoder", str(tmp_path / "run.pt"), str(tmp_path / "plain")]) == 0
+    with pytest.raises(ConfigError, match="trained on the output of content encoder 000000000000"):
+        NeuralVoiceModel(neural)
+    assert main(["lab", "package-vocoder", str(tmp_path / "run.pt"), str(tmp_path / "ship"),
+                 "--content", str(graph)]) == 0
+    saved = torch.load(tmp_path / "ship" / "generator.pt", weights_only=True)
+    assert saved["config"]["content_sha256"] == hashlib.sha256(graph.read_bytes()).hexdigest()
+    model = NeuralVoiceModel(dataclasses.replace(neural, vocoder_onnx=str(tmp_path / "ship" / "vocoder.onnx")))
+    assert model.content.sha256 == saved["config"]["content_sha256"]
+    from rtanon.content.stream import packaged_model_path
+
+    with packaged_model_path() as v4:
+        assert main(["lab", "package-vocoder", str(tmp_path / "run.pt"), str(tmp_path / "bad"), "--content",
+                     str(v4)]) == 2
+    assert "256-dim content; the vocoder reads 384" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow

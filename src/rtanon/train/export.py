@@ -125,15 +125,28 @@ def export_vocoder_onnx(model, path: str | Path, frames: int = 1, opset: int = 1
     return path
 
 
-def package_vocoder(checkpoint: str | Path, out_dir: str | Path) -> tuple[Path, Path]:
+def package_vocoder(checkpoint: str | Path, out_dir: str | Path,
+                    content: str | Path | None = None) -> tuple[Path, Path]:
     """A trained ``generator.pt`` as the package ships it, in ``out_dir``: ``generator.pt`` with its weights
     stored in float16 (half the bytes: the repository's weights budget) and ``vocoder.onnx`` exported from
-    exactly those weights, so the torch and ONNX backends run the same model. Returns both paths."""
+    exactly those weights, so the torch and ONNX backends run the same model. ``content``: a content graph
+    to record as the one the vocoder reads instead of the one it was trained on (a re-export of that graph
+    that computes the same ``z``, as its bytes may differ); its width must be the vocoder's. Returns both
+    paths."""
     import torch
 
     from rtanon.neural.vocoder import load_generator
 
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if content is not None:
+        from rtanon.config import ConfigError
+        from rtanon.content.stream import ContentEncoderModel
+
+        encoder = ContentEncoderModel(content)
+        if encoder.output_dim != ckpt["config"]["units_dim"]:
+            raise ConfigError(f"{content} gives {encoder.output_dim}-dim content; the vocoder reads "
+                              f"{ckpt['config']['units_dim']}")
+        ckpt = {**ckpt, "config": {**ckpt["config"], "content_sha256": encoder.sha256}}
     half = {k: v.half() if v.is_floating_point() else v for k, v in ckpt["generator"].items()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -154,8 +167,12 @@ def main_package_vocoder(argv: list[str] | None = None, prog: str | None = None)
     ap.add_argument("checkpoint", type=Path, help="a generator.pt of `rtanon train vocoder` (or one of its "
                                                   "checkpoints/)")
     ap.add_argument("out_dir", type=Path, help="folder to write generator.pt and vocoder.onnx to")
+    ap.add_argument("--content", type=Path, default=None, metavar="GRAPH",
+                    help="record this content graph as the one the vocoder reads, instead of the one it was "
+                         "trained on: for a re-export of that graph that computes the same z (check that first: "
+                         "the run time refuses any other pairing)")
     args = ap.parse_args(argv)
-    for path in package_vocoder(args.checkpoint, args.out_dir):
+    for path in package_vocoder(args.checkpoint, args.out_dir, args.content):
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 

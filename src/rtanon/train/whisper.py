@@ -236,7 +236,8 @@ class StreamingWhisperEncoder(nn.Module):
     and all zeros at the start (as :class:`rtanon.content.stream.ContentEncoderModel` begins a stream): the
     last 360 samples, the last two log-mel frames, the last first-convolution frame, the running log-mel
     maximum above the log floor, the frames seen, and keys and values of the last ``window_frames`` frames
-    of every layer."""
+    of every layer, ``(B, layers, 2, heads, window_frames, D / heads)``: every state has the batch first, so a
+    server's streams run as one batch (``ContentEncoderModel.run_batch``)."""
 
     lookahead_frames = 1
 
@@ -254,7 +255,7 @@ class StreamingWhisperEncoder(nn.Module):
     def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
         enc = self.encoder
         heads = enc.layers[0].heads
-        kv = torch.zeros(len(enc.layers), 2, batch, heads, self.window_frames, enc.dim // heads)
+        kv = torch.zeros(batch, len(enc.layers), 2, heads, self.window_frames, enc.dim // heads)
         return (torch.zeros(batch, _AUDIO_TAIL), torch.zeros(batch, N_MELS, 2), torch.zeros(batch, enc.dim, 1),
                 torch.zeros(batch, 1), torch.zeros(batch, 1), kv)
 
@@ -290,13 +291,13 @@ class StreamingWhisperEncoder(nn.Module):
         new_kv = []
         for li, layer in enumerate(enc.layers):
             q, k, v = layer.project(h)
-            k = torch.cat([kv[li, 0], k], dim=2)
-            v = torch.cat([kv[li, 1], v], dim=2)
+            k = torch.cat([kv[:, li, 0], k], dim=2)
+            v = torch.cat([kv[:, li, 1], v], dim=2)
             h = layer.finish(h, q, k, v, mask[:, None])
-            new_kv.append(torch.stack([k[:, :, -w:], v[:, :, -w:]]))
+            new_kv.append(torch.stack([k[:, :, -w:], v[:, :, -w:]], dim=1))
         z = enc.norm(h)
         return (z, x[:, -_AUDIO_TAIL:], m[:, :, -2:], c[:, :, -1:], running[:, -1:] - _LOG_MIN, seen + n,
-                torch.stack(new_kv))
+                torch.stack(new_kv, dim=1))
 
     def encode(self, audio: np.ndarray, chunk_frames: int | None = None) -> np.ndarray:
         """Offline through the stream: (T,) float32 at 16 kHz -> (T // 320, D) float32, frame ``i`` from
@@ -427,12 +428,14 @@ STATE_NAMES = ("audio_tail", "mel_tail", "conv_tail", "peak", "seen", "kv")
 def export_onnx(stream: StreamingWhisperEncoder, kmeans: dict, path: str | Path, meta: dict) -> Path:
     """Writes the stream as a content-encoder graph (inputs ``audio`` (1, N) and :data:`STATE_NAMES`,
     outputs ``probs``, ``z``, ``new_<state>``; the frame count dynamic), with ``lookahead_frames`` and
-    ``meta`` in its config metadata, so :class:`rtanon.content.stream.ContentEncoderModel` runs it."""
+    ``meta`` in its config metadata, so :class:`rtanon.content.stream.ContentEncoderModel` runs it. Weights
+    that float16 holds exactly (all of them for Whisper's, and for a fine-tune's float16 checkpoint) are
+    stored in float16: the same outputs from half the bytes."""
     import json
 
     from rtanon.atomic import atomic_path
     from rtanon.content.stream import CONFIG_METADATA_KEY
-    from rtanon.train.export import _set_metadata
+    from rtanon.train.export import _set_metadata, store_exact_float16
 
     graph = _ContentGraph(stream.eval(), kmeans).eval()
     state = stream.init_state(1)
@@ -446,6 +449,7 @@ def export_onnx(stream: StreamingWhisperEncoder, kmeans: dict, path: str | Path,
                           opset_version=17, dynamo=False)
     _set_metadata(path, {CONFIG_METADATA_KEY: json.dumps({"lookahead_frames": stream.lookahead_frames,
                                                           "window_frames": stream.window_frames, **meta})})
+    store_exact_float16(path)
     return path
 
 
