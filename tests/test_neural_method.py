@@ -323,3 +323,26 @@ def test_the_vocoder_runs_only_with_the_content_encoder_it_was_trained_on(tmp_pa
     assert main(run) == 2 and not (tmp_path / "out.wav").exists()
     assert main([*run, "--content", str(other)]) == 0
     assert sf.info(str(tmp_path / "out.wav")).frames == 8000
+
+
+def test_each_privacy_point_runs_its_own_shipped_content_encoder_and_a_vocoder_its_recorded_one():
+    """balanced reads the streaming Whisper encoder's 384-dim z, strong version 4's 256-dim z; a vocoder
+    given without --content runs with the shipped encoder it records (version 4 when it records none)."""
+    import hashlib
+    from importlib import resources
+
+    from rtanon.stages.neural import PACKAGED_CONTENT, NeuralVoiceModel, packaged_ref
+
+    def digest(name):
+        return hashlib.sha256((resources.files("rtanon") / "models" / "content" / name).read_bytes()).hexdigest()
+
+    balanced, strong = NeuralVoiceModel(NeuralConfig()), NeuralVoiceModel(NeuralConfig(privacy="strong"))
+    assert balanced.content.sha256 == digest(PACKAGED_CONTENT["balanced"]) == balanced.vocoder_config.content_sha256
+    assert strong.content.sha256 == digest(PACKAGED_CONTENT["strong"]) != balanced.content.sha256
+    assert (balanced.content.output_dim, strong.content.output_dim) == (384, 256)
+    assert balanced.content.lookahead_frames == strong.content.lookahead_frames == 1
+    with resources.as_file(packaged_ref("vocoder.onnx", "balanced")) as p:
+        given = NeuralVoiceModel(NeuralConfig(privacy="strong", vocoder_onnx=str(p)))
+    assert given.content.sha256 == balanced.content.sha256
+    with resources.as_file(packaged_ref("vocoder.onnx", "strong")) as p:  # records none: version 4
+        assert NeuralVoiceModel(NeuralConfig(vocoder_onnx=str(p))).content.sha256 == strong.content.sha256

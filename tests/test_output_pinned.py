@@ -20,9 +20,10 @@ from rtanon.cli import main
 PINNED_PCM_SHA256 = {
     "mcadams": "b8088b28dfddcdf553f47a180c71a65112c200620ccf1d3a8744de423526fe97",
     "neural strong": "d435dc76d8860b3287e97f2a85b2e53cf73521e7aab6475e04c3582b7532fbee",
-    # the balanced vocoder (the default since 2026-11-25), trained against a speaker adversary on its
-    # input spectrum's reading (2026-11-26)
-    "neural balanced": "bfc862c64260b2ab41dad97473c30818d1edc089b70905c545c6f83fa3f53254",
+    # the balanced point (the default): since 2026-12-03 the streaming Whisper tiny.en encoder and the
+    # vocoder trained on its z (models/content/MODEL_CARD_WHISPER.md), replacing version 4 with the input's
+    # spectrum
+    "neural balanced": "b64b6e622ec6569b509a5af32d1b702118258eede37e2a985a97b22d81a9abaf",
 }
 
 

@@ -105,9 +105,13 @@ def _f0_stage(config: AnonymizerConfig):
 
 
 def _content_stage(config: AnonymizerConfig):
-    from rtanon.content.stream import ContentEncoderModel
+    from importlib import resources
 
-    return ContentEncoderModel(config.neural.content_onnx).open_stream(config.stream.chunk_samples)
+    from rtanon.content.stream import ContentEncoderModel
+    from rtanon.stages.neural import content_ref
+
+    with resources.as_file(content_ref(config.neural)) as path:  # the privacy point's, or --content
+        return ContentEncoderModel(path).open_stream(config.stream.chunk_samples)
 
 
 #: Stages that ``rtanon bench --stage NAME`` can time alone: name -> factory(config).

@@ -15,7 +15,8 @@ from rtanon.errors import UserError
 
 #: Chunk sizes the engine accepts, in ms (webrtcvad works on 10 ms frames).
 ALLOWED_CHUNK_MS = (10, 20, 30, 40)
-#: The neural method's operating points (``NeuralConfig.privacy``): the packaged vocoder each one runs.
+#: The neural method's operating points (``NeuralConfig.privacy``): the packaged content encoder and vocoder
+#: each one runs.
 PRIVACY_POINTS = ("balanced", "strong")
 #: What the neural method's shipped content encoder reads (``NeuralConfig.context``): ``causal``, the live
 #: path's (20 ms ahead), or ``utterance``, each whole utterance (files and corpora only).
@@ -108,9 +109,9 @@ class NeuralConfig:
     Runtime's threads per call of the content encoder and the vocoder (1 live; a server's batched calls use more). A session without a pinned identity draws a fresh pseudo-speaker with ``strategy``
     ("gmm", paper 003, or a paper 000 proximity: random/dense/sparse) and ``gender`` (random/f/m).
     ``pitch_method``: percentile (default), log_gaussian or minmax (paper 000 Eq. 4-7).
-    ``privacy`` picks the shipped vocoder: ``balanced`` (it also reads the input's spectral shape: easier to
-    understand, easier to link back) or ``strong`` (content encoder output alone); see
-    ``models/neural/MODEL_CARD.md`` for both points' figures.
+    ``privacy`` picks the shipped content encoder and vocoder: ``balanced`` (the streaming Whisper tiny.en
+    encoder: fewer lost words) or ``strong`` (content encoder version 4); see ``models/neural/MODEL_CARD.md``
+    for both points' figures.
     ``context`` picks the shipped content encoder: ``causal`` (the live path's) or ``utterance`` (Whisper
     tiny.en's encoder over each whole utterance, with the vocoder trained on it: files and corpora only, one
     point, so ``privacy`` does not apply; ``models/neural/MODEL_CARD_UTTERANCE.md``).

@@ -30,10 +30,11 @@ def add_engine_args(p: argparse.ArgumentParser, chunk: bool = True) -> None:
         p.set_defaults(chunk_ms=default.stream.chunk_ms)
     n = default.neural
     p.add_argument("--privacy", default=n.privacy, choices=PRIVACY_POINTS, action=_StoreGiven,
-                   help=f"neural method: which shipped vocoder (default: {n.privacy}). balanced also reads the "
-                        "input's spectral shape: easier to understand, easier for an attacker to link back; strong "
-                        "renders from the content encoder alone: harder to link, harder to understand. Figures "
-                        "of both: models/neural/MODEL_CARD.md (ignored with --vocoder)")
+                   help=f"neural method: which shipped content encoder and vocoder (default: {n.privacy}). "
+                        "balanced: a streaming Whisper tiny.en encoder, fewer lost words; strong: the small "
+                        "content encoder version 4: a third of the content compute, more lost words. Figures "
+                        "of both: models/neural/MODEL_CARD.md (ignored with --vocoder, which runs with the "
+                        "shipped content encoder it records, or with --content)")
     p.add_argument("--backend", default=n.backend, choices=("onnxruntime", "torch", "tensorrt"),
                    help=f"neural method: what runs the vocoder (default: {n.backend}; torch needs the [train] "
                         "extra, tensorrt an NVIDIA GPU with TensorRT)")

@@ -4,13 +4,13 @@
 - :mod:`rtanon.neural.vocoder`: ``HarmonicNoiseVocoder`` (harmonic-plus-noise synthesis from predicted
   spectral envelopes, refined by a causal HiFi-GAN upsampling stack; explicit streaming state) and
   ``load_generator`` for ``generator.pt`` checkpoints.
-- :mod:`rtanon.neural.input_mel`: the input's log-mel per 20 ms frame, the balanced vocoder's second
-  content input (``VocoderConfig.input_mel_bins``), and its streaming form.
+- :mod:`rtanon.neural.input_mel`: the input's log-mel per 20 ms frame, an optional second content
+  input (the balanced point's until 2026-12-02; no shipped vocoder reads it now) (``VocoderConfig.input_mel_bins``), and its streaming form.
 - :mod:`rtanon.neural.backends`: one streaming-step interface (``VocoderBackend``) with a factory
   ``make_backend("onnxruntime" | "torch" | "tensorrt", ...)`` and ``VocoderStream``, the per-session
   object that hides the state tuple.
 
 The shipped weights are package data: ``rtanon/models/neural/`` (the ``strong`` privacy point) and
-``rtanon/models/neural/balanced/``; see ``models/neural/MODEL_CARD.md``.
+``rtanon/models/neural/balanced/`` (on the streaming Whisper content); see ``models/neural/MODEL_CARD.md``.
 Training, losses, discriminators and feature shards live in :mod:`rtanon.train`.
 """

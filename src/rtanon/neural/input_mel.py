@@ -1,7 +1,7 @@
-"""The input's spectral shape per 20 ms frame: the balanced vocoder's second content input.
+"""The input's spectral shape per 20 ms frame: an optional second content input of a vocoder
+(the balanced point's until 2026-12-02; no shipped vocoder reads it now).
 
-A vocoder with ``VocoderConfig.input_mel_bins = M > 0`` (the ``balanced``
-privacy point) reads, beside the content encoder's ``z``, the log-mel
+A vocoder with ``VocoderConfig.input_mel_bins = M > 0`` reads, beside the content encoder's ``z``, the log-mel
 spectrum of the speaker's own audio around each 50 Hz frame: frame ``t`` is a
 512-sample Hann window centred on the frame's centre (samples
 ``[320 t - 96, 320 t + 416)``, zeros before the stream began), power

@@ -18,7 +18,7 @@ default ``upsample_rates=(2, 5, 4, 4, 2)`` the stages run at 100 Hz, 500 Hz,
 Inputs of one call (``L`` frames of 20 ms; ``B`` sessions):
 
 - ``units``: ``(B, L, D)`` float32, the content encoder's projections ``z`` at 50 Hz; with
-  ``input_mel_bins = M > 0`` (the balanced point) followed by the input's own log-mel, ``(B, L, D + M)``
+  ``input_mel_bins = M > 0`` (no shipped vocoder) followed by the input's own log-mel, ``(B, L, D + M)``
   (:mod:`rtanon.neural.input_mel`).
 - ``f0_hz``: ``(B, 2L)`` float32, F0 in Hz at 100 Hz, 0 where unvoiced.
 - ``speaker``: ``(B, S)`` float32, the pseudo-speaker embedding (S = 256),

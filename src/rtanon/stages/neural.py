@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Iterator
@@ -61,6 +62,10 @@ from rtanon.stages.base import check_chunk
 #: (``NeuralConfig.context``), in the package's data.
 PACKAGED_DIRS = {"strong": ("models", "neural"), "balanced": ("models", "neural", "balanced"),
                  "utterance": ("models", "neural", "utterance")}
+#: The shipped content graph each privacy point's vocoder reads on the causal path, in the package's
+#: ``models/content/``: balanced the streaming Whisper tiny.en encoder (``models/content/MODEL_CARD_WHISPER.md``),
+#: strong content encoder version 4 (``models/content/MODEL_CARD.md``).
+PACKAGED_CONTENT = {"strong": "content_encoder.onnx", "balanced": "whisper_tiny_en_stream.onnx"}
 PACKAGED_ONNX = "vocoder.onnx"
 PACKAGED_CHECKPOINT = "generator.pt"
 #: ONNX metadata key holding the vocoder's config (JSON), written by ``rtanon.train.export``.
@@ -89,16 +94,39 @@ def packaged_vocoder_ref(cfg: NeuralConfig):
 
 
 def content_ref(cfg: NeuralConfig):
-    """The content encoder graph ``cfg`` runs: ``content_onnx``, or the shipped one of its ``context``."""
+    """The content encoder graph ``cfg`` runs: ``content_onnx``; or the shipped one of its ``context``; on the
+    causal path the shipped one a given vocoder records it was trained on (version 4 for a vocoder without
+    the record), else the privacy point's."""
     if cfg.content_onnx:
         return Path(cfg.content_onnx)
     if cfg.context == "utterance":
         from rtanon.content.utterance import packaged_ref as utterance_ref
 
         return utterance_ref()
-    from rtanon.content.stream import PACKAGED_ONNX as CONTENT_ONNX
+    name = PACKAGED_CONTENT[cfg.privacy]
+    vocoder = cfg.vocoder_checkpoint if cfg.backend == "torch" else cfg.vocoder_onnx
+    if vocoder and Path(vocoder).is_file():
+        recorded = _recorded_content(Path(vocoder))
+        by_digest = {_packaged_digest(n): n for n in PACKAGED_CONTENT.values()}
+        name = by_digest.get(recorded, PACKAGED_CONTENT["strong"] if not recorded else name)
+    return resources.files("rtanon").joinpath("models", "content", name)
 
-    return resources.files("rtanon").joinpath("models", "content", CONTENT_ONNX)
+
+def _recorded_content(vocoder: Path) -> str:
+    """The ``content_sha256`` a vocoder file records ("" for none)."""
+    if vocoder.suffix == ".pt":
+        import torch
+
+        return torch.load(vocoder, map_location="cpu", weights_only=True)["config"].get("content_sha256", "")
+    return read_onnx_config(vocoder).content_sha256
+
+
+@lru_cache(maxsize=None)
+def _packaged_digest(name: str) -> str:
+    from rtanon.neural.backends import file_sha256
+
+    with resources.as_file(resources.files("rtanon").joinpath("models", "content", name)) as p:
+        return file_sha256(p) if p.is_file() else ""
 
 
 @contextmanager
@@ -150,6 +178,7 @@ class NeuralVoiceModel:
     """Shared, read-only models of the neural method (thread-safe to share between sessions)."""
 
     def __init__(self, config: NeuralConfig | None = None) -> None:
+        from rtanon.content.stream import PACKAGED_ONNX as CONTENT_ONNX
         from rtanon.content.stream import ContentEncoderModel, ContentStreamConfig, packaged_model_path
         from rtanon.identity.speaker import IdentityModel
         from rtanon.neural.backends import file_sha256, make_backend
@@ -200,8 +229,14 @@ class NeuralVoiceModel:
         if utterance is not None:
             self.content = utterance  # on ONNX Runtime's CPU provider whatever runs the vocoder
         else:
-            self.content = ContentEncoderModel(cfg.content_onnx, ContentStreamConfig(threads=cfg.threads))
-            if cfg.backend == "torch" and self.backend.device.startswith("cuda"):
+            with resources.as_file(content_ref(cfg)) as p:
+                if not p.exists():
+                    raise UserError(f"this rtanon lacks the content encoder of --privacy {cfg.privacy} ({p}): "
+                                    "reinstall it, or use --method mcadams")
+                self.content = ContentEncoderModel(p, ContentStreamConfig(threads=cfg.threads))
+                # version 4 has torch weights for CUDA; the streaming Whisper encoder stays on ONNX Runtime's CPU
+                v4 = bool(cfg.content_onnx) or p.name == CONTENT_ONNX
+            if v4 and cfg.backend == "torch" and self.backend.device.startswith("cuda"):
                 self.content = _torch_content(cfg, self.content, self.backend.device)
         trained_on = self.vocoder_config.content_sha256
         if not trained_on and cfg.content_onnx:

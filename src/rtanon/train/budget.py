@@ -126,7 +126,7 @@ class Models:
             for f in self.vocoder_files(point):
                 if f is not None and not Path(f).is_file():
                     raise SystemExit(f"--{point}: {f} is missing (a folder as `rtanon lab package-vocoder` writes)")
-            trained_on, given = self.trained_on(point), self.content_digest()
+            trained_on, given = self.trained_on(point), self.content_digest(point)
             if trained_on != given:
                 raise SystemExit(f"the {point} vocoder ({getattr(self, point) or 'packaged'}) was trained on content "
                                  f"encoder {trained_on[:12]}, not on {self.content or 'the packaged one'} "
@@ -141,18 +141,19 @@ class Models:
 
         with packaged_path(PACKAGED_CHECKPOINT, point) as p:
             config = torch.load(self.vocoder_files(point)[1] or p, map_location="cpu", weights_only=True)["config"]
-        return config.get("content_sha256") or Models().content_digest()
+        return config.get("content_sha256") or Models().content_digest("strong")
 
-    def content_digest(self) -> str:
+    def content_digest(self, point: str = "strong") -> str:
         """sha256 of the content encoder graph (of a whole-utterance graph: the weights' digest it records,
-        the name its vocoders record)."""
+        the name its vocoders record); without ``content``, of the one ``point`` ships with."""
         from rtanon.content.stream import packaged_model_path
         from rtanon.content.utterance import UtteranceContentModel
         from rtanon.neural.backends import file_sha256
+        from rtanon.stages.neural import PACKAGED_CONTENT
 
         if self.content is not None and (utterance := UtteranceContentModel.load_if_utterance(self.content)):
             return utterance.sha256
-        with packaged_model_path() as p:
+        with packaged_model_path(PACKAGED_CONTENT[point]) as p:
             return file_sha256(self.content or p)
 
     def vocoder_digest(self, point: str, row: str) -> str:
@@ -171,7 +172,7 @@ class Models:
         point = MODEL_ROWS.get(row)
         if point is None:
             return row
-        return f"{row}@{self.content_digest()[:10]}+{self.vocoder_digest(point, row)[:10]}"
+        return f"{row}@{self.content_digest(point)[:10]}+{self.vocoder_digest(point, row)[:10]}"
 
 
 _MODELS: dict = {}
