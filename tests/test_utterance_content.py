@@ -262,11 +262,11 @@ def test_anonymize_dir_reads_whole_utterances_by_default_and_the_live_path_on_re
     from rtanon.content.utterance import packaged_path
     from rtanon.corpus.run import file_sha256
     from rtanon.io.audio import read_audio
-    from rtanon.stages.neural import PACKAGED_ONNX, packaged_ref
+    from rtanon.stages.neural import PACKAGED_CONTENT, PACKAGED_ONNX, packaged_ref
     from test_corpus import make_corpus  # pytest puts tests/ on sys.path (no __init__.py)
 
     data = make_corpus(tmp_path, shared_data, 2)
-    with packaged_path() as utterance, packaged_model_path() as causal:
+    with packaged_path() as utterance, packaged_model_path(PACKAGED_CONTENT["balanced"]) as causal:
         want = {"utterance": {"content": file_sha256(utterance),
                               "vocoder": file_sha256(packaged_ref(PACKAGED_ONNX, "utterance"))},
                 "causal": {"content": file_sha256(causal),
