@@ -120,7 +120,10 @@ def test_long_files_stream_in_constant_memory(tmp_path, session_factory):
         tracemalloc.stop()
         assert probe(tmp_path / f"out{seconds}.flac").frames == seconds * 16000
     assert peaks[1] < 1.2 * peaks[0]
-    assert peaks[1] < 80 * 16000 * 4 / 2  # well under the decoded size of the long file
+    # under the decoded size of the long file (5.12 MB), which a reader that held it whole would exceed; the
+    # rest is the session's own state (the default point's streaming Whisper content alone keeps 1.23 MB,
+    # and a step holds its old and new copies)
+    assert peaks[1] < 0.6 * 80 * 16000 * 4
 
 
 def test_read_blocks_yields_bounded_blocks(tmp_path):
