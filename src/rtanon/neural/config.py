@@ -32,8 +32,9 @@ class VocoderConfig:
     #: would render as noise
     content_sha256: str = ""
     #: The input's own log-mel spectrum as a second content input (:mod:`rtanon.neural.input_mel`; the
-    #: balanced point of 2026-11-25 to 12-02): the last ``input_mel_bins`` channels of ``units`` are its frame's log-mel
-    #: (0 = none: content from ``z`` alone), of which the graph keeps DCT coefficients 1..``input_cepstra``.
+    #: balanced point of 2026-11-25 to 12-02): the last ``input_mel_bins`` channels of ``units`` are its
+    #: frame's log-mel (0 = none: content from ``z`` alone), of which the graph keeps DCT coefficients
+    #: 1..``input_cepstra``.
     input_mel_bins: int = 0
     input_cepstra: int = 16
     #: Causal mean normalisation of that log-mel over the last ``input_cmn_frames`` frames of 20 ms (0 = none;

@@ -1,9 +1,9 @@
 """The input's spectral shape per 20 ms frame: an optional second content input of a vocoder
 (the balanced point's until 2026-12-02; no shipped vocoder reads it now).
 
-A vocoder with ``VocoderConfig.input_mel_bins = M > 0`` reads, beside the content encoder's ``z``, the log-mel
-spectrum of the speaker's own audio around each 50 Hz frame: frame ``t`` is a
-512-sample Hann window centred on the frame's centre (samples
+A vocoder with ``VocoderConfig.input_mel_bins = M > 0`` reads, beside the
+content encoder's ``z``, the log-mel spectrum of the speaker's own audio
+around each 50 Hz frame: frame ``t`` is a 512-sample Hann window centred on the frame's centre (samples
 ``[320 t - 96, 320 t + 416)``, zeros before the stream began), power
 spectrum, ``M`` triangular mel bands from 0 to 8 kHz, natural log. The graph
 keeps only its cepstral shape (DCT coefficients 1..C, ``input_cepstra``: no

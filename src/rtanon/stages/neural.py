@@ -93,10 +93,11 @@ def packaged_vocoder_ref(cfg: NeuralConfig):
     return packaged_ref(PACKAGED_CHECKPOINT if cfg.backend == "torch" else PACKAGED_ONNX, vocoder_point(cfg))
 
 
-def content_ref(cfg: NeuralConfig):
+def content_ref(cfg: NeuralConfig, recorded: str | None = None):
     """The content encoder graph ``cfg`` runs: ``content_onnx``; or the shipped one of its ``context``; on the
     causal path the shipped one a given vocoder records it was trained on (version 4 for a vocoder without
-    the record), else the privacy point's."""
+    the record), else the privacy point's. ``recorded``: that vocoder's ``content_sha256`` where the caller
+    has already read it (None: read from the file)."""
     if cfg.content_onnx:
         return Path(cfg.content_onnx)
     if cfg.context == "utterance":
@@ -106,7 +107,7 @@ def content_ref(cfg: NeuralConfig):
     name = PACKAGED_CONTENT[cfg.privacy]
     vocoder = cfg.vocoder_checkpoint if cfg.backend == "torch" else cfg.vocoder_onnx
     if vocoder and Path(vocoder).is_file():
-        recorded = _recorded_content(Path(vocoder))
+        recorded = _recorded_content(Path(vocoder)) if recorded is None else recorded
         by_digest = {_packaged_digest(n): n for n in PACKAGED_CONTENT.values()}
         name = by_digest.get(recorded, PACKAGED_CONTENT["strong"] if not recorded else name)
     return resources.files("rtanon").joinpath("models", "content", name)
@@ -229,7 +230,7 @@ class NeuralVoiceModel:
         if utterance is not None:
             self.content = utterance  # on ONNX Runtime's CPU provider whatever runs the vocoder
         else:
-            with resources.as_file(content_ref(cfg)) as p:
+            with resources.as_file(content_ref(cfg, self.vocoder_config.content_sha256)) as p:
                 if not p.exists():
                     raise UserError(f"this rtanon lacks the content encoder of --privacy {cfg.privacy} ({p}): "
                                     "reinstall it, or use --method mcadams")
