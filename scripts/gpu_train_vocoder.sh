@@ -7,19 +7,17 @@
 # PACK is `rtanon lab shards pack SHARDS PACK` made where the shards are (43 MB for the 2.9 h of
 # so762_train + libri_clips), or shards already unpacked from one (several runs can share them). It unpacks
 # the shards with the content encoder's torch weights (z from the decoded audio, on CUDA) into OUT_DIR/shards,
-# then fine-tunes with the balanced recipe (from the balanced generator; on CUDA the MPD/MSD losses join at
-# step 0 unless --no-gan) for MINUTES, and leaves OUT_DIR/generator.pt, train.log and vocoder.onnx;
-# `rtanon lab package-vocoder OUT_DIR/generator.pt DIR` packages it where rtanon is set up. CONTENT_WEIGHTS
-# names another content encoder's torch weights (`rtanon lab export-content ... --weights FILE`; default
-# the shipped one): its z is computed at unpacking and read by the content loss. TRAIN_OPTIONs
-# go to `rtanon train vocoder` after the recipe's and win over them (e.g. --init FILE). The shipped balanced
-# vocoder's last stage was `... 4.0 --no-gan --threads 6 --speaker-adversary 3 --init STEP6_GENERATOR`
-# (models/neural/MODEL_CARD.md, recipe step 7). A machine
-# without soundfile needs its wheels (soundfile, cffi, pycparser) in .whl/ (for the lent machines' Python
-# 3.12: pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64
-# --platform manylinux2014_x86_64 -d .whl soundfile==0.14.0 cffi pycparser); a machine that takes at most
-# 64 MiB of working tree needs the weights this does not read (the vocoder graphs, the strong generator,
-# the content graph) left out of the copy.
+# then fine-tunes with the strong point's recipe (models/neural/MODEL_CARD.md, recipe step 2: from the strong
+# generator, with the content loss; on CUDA the MPD/MSD losses join at step 0 unless --no-gan) for MINUTES,
+# and leaves OUT_DIR/generator.pt, train.log and vocoder.onnx; `rtanon lab package-vocoder OUT_DIR/generator.pt
+# DIR` packages it where rtanon is set up. CONTENT_WEIGHTS names another content encoder's torch weights
+# (`rtanon lab export-content ... --weights FILE`; default the shipped one): its z is computed at unpacking
+# and read by the content loss. TRAIN_OPTIONs go to `rtanon train vocoder` after the recipe's and win over
+# them (e.g. --init FILE). A machine without soundfile needs its wheels (soundfile, cffi, pycparser) in
+# .whl/ (for the lent machines' Python 3.12: pip download --no-deps --only-binary=:all: --python-version
+# 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl soundfile==0.14.0 cffi
+# pycparser); a machine that takes at most 64 MiB of working tree needs the weights this does not read (the
+# vocoder graphs, the balanced and utterance generators, the content graphs) left out of the copy.
 # First run, 2026-11-26, one H200: unpack 23 s, 0.17 s per step; eighteenth session, one H100: unpack about
 # 20 s, several runs side by side on the card (lab notes, neural-vocoder.md).
 set -euo pipefail
@@ -39,6 +37,6 @@ if ! grep -q '"rtanon-vocoder-shards' "$pack/manifest.json"; then
   shards=$out/shards
   "$py" -m rtanon lab shards unpack "$pack" "$shards" --content-weights $weights --jobs 16
 fi
-"$py" -m rtanon train vocoder --shards "$shards" --out "$out" --init src/rtanon/models/neural/balanced/generator.pt \
-  --residual-start-step 0 --checkpoint-every 500 --content-loss 30 --content-weights $weights --input-mel 40 \
-  --input-cepstra 16 --input-cmn 100 --steps 200000 --max-minutes "$minutes" "$@"
+"$py" -m rtanon train vocoder --shards "$shards" --out "$out" --init src/rtanon/models/neural/generator.pt \
+  --residual-start-step 0 --checkpoint-every 500 --content-loss 30 --content-weights $weights \
+  --steps 200000 --max-minutes "$minutes" "$@"

@@ -276,3 +276,92 @@ def test_frames_of_another_rate_are_read_at_the_content_frames_centres():
     np.testing.assert_allclose(out[inside, 0], centres[inside], rtol=1e-6)
     np.testing.assert_allclose(out[inside, 1], -2 * centres[inside], rtol=1e-6)
     assert out.shape == (12, 2) and out[0, 0] == frames[0, 0] and out[-1, 0] == frames[-1, 0]
+
+
+def _synthetic_cache(root, n_utts: int = 6, seg_frames: int = 9):
+    """A cached training set of tone / noise / silence segments, with hama-like CTC posteriors that spike
+    once at each tone or noise segment's centre (phone 5 for the tone, 9 for the noise)."""
+    import json
+
+    from rtanon.train.teacher import PHONE_BLANK, PHONE_TOKENS
+
+    rng = np.random.default_rng(0)
+    audio, phones, lens = [], [], []
+    seg = seg_frames * 320
+    t = np.arange(seg) / FS
+    for u in range(n_utts):
+        kinds = rng.permutation([0, 1, 2, 0, 1, 2])
+        x, lp = [], []
+        for k in kinds:
+            x.append([0.3 * np.sin(2 * np.pi * 220 * t), 0.1 * rng.standard_normal(seg), 1e-4 * rng.standard_normal(seg)][k])
+            p = np.full((seg_frames, PHONE_TOKENS), -20.0)
+            p[:, PHONE_BLANK] = 0.0
+            if k < 2:
+                p[seg_frames // 2] = -20.0
+                p[seg_frames // 2, (5, 9)[k]] = 0.0
+            lp.append(p)
+        audio.append(np.concatenate(x))
+        phones.append(np.concatenate(lp))
+        lens.append(len(audio[-1]))
+    root.mkdir(parents=True)
+    frames = [n // 320 for n in lens]
+    idx = {"utts": [f"u{i}" for i in range(n_utts)], "spk": ["s"] * n_utts,
+           "audio_offset": np.cumsum([0] + lens[:-1]).tolist(), "audio_len": lens,
+           "frame_offset": np.cumsum([0] + frames[:-1]).tolist(), "frame_len": frames}
+    (root / "index.json").write_text(json.dumps(idx))
+    np.save(root / "audio.npy", (np.concatenate(audio) * 32767).astype(np.int16))
+    np.save(root / "phones.npy", np.concatenate(phones).astype(np.float16))
+    return root
+
+
+def test_a_phone_head_fitted_on_a_graphs_frozen_z_reads_its_training_phones(tmp_path):
+    """``phone-eval --fit``: a linear head on the packaged version 4 graph's z learns tone / noise / silence
+    far above the majority share, is read back by ``phone_reader`` with the same output, and refuses a graph
+    it was not fitted on."""
+    import torch
+
+    from rtanon.content.stream import packaged_model_path
+    from rtanon.stages.neural import PACKAGED_CONTENT
+    from rtanon.train.content_eval import GraphPhoneReader, fit_phone_head, phone_reader
+    from rtanon.train.teacher import CorpusCache, cached_phone_frames
+
+    cache = _synthetic_cache(tmp_path / "synth_train")
+    head = tmp_path / "head.pt"
+    with packaged_model_path(PACKAGED_CONTENT["strong"]) as graph:
+        fit = fit_phone_head(graph, [cache], head, steps=300, batch=1024)
+        labels = cached_phone_frames(CorpusCache.load(cache))
+        majority = np.bincount(labels).max() / len(labels)
+        assert fit["frames"] == len(labels) and fit["train_frame_accuracy"] > majority + 0.2
+        assert list(cache.glob("content_graph_*.npy"))  # z computed once, beside the cache
+        reader = phone_reader(head)
+        assert isinstance(reader, GraphPhoneReader)
+        audio = CorpusCache.load(cache).audio()[:CorpusCache.load(cache).audio_len[0]].astype(np.float32) / 32767
+        z, lp = reader(audio)
+        n = len(audio) // 320
+        assert z.shape == (n, 256) and lp.shape[0] == n
+        assert (lp.argmax(-1) == labels[:n]).mean() > majority + 0.2
+    ck = torch.load(head, weights_only=True)
+    with packaged_model_path(PACKAGED_CONTENT["balanced"]) as other:
+        ck["content"] = str(other)
+        torch.save(ck, head)
+        with pytest.raises(SystemExit, match="was fitted on"):
+            phone_reader(head)
+
+
+def test_probe_rows_are_stored_under_their_regressors_digest(tmp_path):
+    """Two probe folders' ``graph`` rows (say zero-shot and fine-tuned) live side by side in one ``--out``;
+    a missing regressor is named."""
+    import torch
+
+    from rtanon.train.budget import probe_key
+    from rtanon.train.envelope_probe import EnvelopeRegressor
+
+    for name, seed in (("a", 0), ("b", 1)):
+        (tmp_path / name).mkdir()
+        torch.manual_seed(seed)
+        torch.save({"input": "graph", "state": EnvelopeRegressor(8).state_dict(), "in_dim": 8},
+                   tmp_path / name / "envprobe_graph.pt")
+    ka, kb = (probe_key("probe_graph_own", str(tmp_path / n)) for n in "ab")
+    assert ka.startswith("probe_graph_own@") and kb.startswith("probe_graph_own@") and ka != kb
+    with pytest.raises(SystemExit, match="envprobe_mel.pt is missing"):
+        probe_key("probe_mel_own", str(tmp_path / "a"))

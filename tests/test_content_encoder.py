@@ -306,6 +306,24 @@ def test_mean_normalised_graph_streams_and_takes_a_constant_spectrum_out(tmp_pat
     np.testing.assert_allclose(streamed, model.encode(utterance), atol=2e-5, rtol=1e-4)
 
 
+def test_input_log_mel_frame_t_reads_96_samples_past_its_end_and_no_further(speech):
+    """``rtanon.neural.input_mel.log_mel_frames`` (beside the content encoder's mel filterbank; the envelope
+    probe's ``mel`` input): one frame per 20 ms, frame ``t``'s window ending ``LOOKAHEAD`` = 96 samples
+    after the frame."""
+    from rtanon.neural.input_mel import LOOKAHEAD, log_mel_frames
+
+    x = speech[:6400].copy()
+    t = 10
+    base = log_mel_frames(x, 40)
+    assert base.shape == (20, 40) and base.dtype == np.float32 and np.isfinite(base).all()
+    late = x.copy()
+    late[320 * t + 320 + LOOKAHEAD:] += 0.5  # only samples after frame t's window
+    np.testing.assert_array_equal(log_mel_frames(late, 40)[:t + 1], base[:t + 1])
+    near = x.copy()
+    near[320 * t + 320 + LOOKAHEAD - 1] += 0.5  # the window's last sample
+    assert np.abs(log_mel_frames(near, 40)[t] - base[t]).max() > 1e-3
+
+
 def test_spec_augment_masks_bands_and_spans_within_bounds():
     from rtanon.train.content import spec_augment
 

@@ -227,7 +227,7 @@ def test_bench_streams_bisects_between_the_doublings():
             now[0] += int(0.7e6) * units.shape[0]
             return np.zeros((units.shape[0], 320), np.float32), state
 
-    model = SimpleNamespace(backend=Backend(), vocoder_config=SimpleNamespace(input_width=8, speaker_dim=4))
+    model = SimpleNamespace(backend=Backend(), vocoder_config=SimpleNamespace(units_dim=8, speaker_dim=4))
     anon = SimpleNamespace(config=SimpleNamespace(method="neural", neural=SimpleNamespace(backend="fake")),
                            method=SimpleNamespace(model=model))
     result = bench.bench_streams(anon, max_streams=4096, calls=3, clock=lambda: now[0])

@@ -384,19 +384,46 @@ def test_evaluation_directories_are_refused_by_name_libri_devclean_included(shar
         ContentTrainConfig(data_dirs=[shared_data / "libri_devclean"], out_dir=shared_data).validate()
 
 
-def test_the_speaker_adversary_and_no_gan_options_reach_the_recipe(shard_dir, tmp_path, capsys):
-    """``--speaker-adversary`` needs an input spectrum to read (refused without one); ``--no-gan`` keeps the
-    MPD/MSD losses off on any device (their start step is past the run's end)."""
+def test_the_no_gan_option_reaches_the_recipe(shard_dir, tmp_path):
+    """``--no-gan`` keeps the MPD/MSD losses off on any device (their start step is past the run's end)."""
     from rtanon.cli import main
 
     argv = ["train", "vocoder", "--data", str(shard_dir), "--shards", str(shard_dir), "--accelerator", "cpu",
             "--steps", "1", "--threads", "1"]
-    assert main([*argv, "--out", str(tmp_path / "a"), "--speaker-adversary", "1"]) == 2
-    assert "speaker_adversary_weight" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "b"), "--no-gan"]) == 0
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert config["adversarial_start_step"] == config["steps"] == 1
     assert [json.loads(x).get("d_total") for x in (tmp_path / "b" / "train.log").read_text().splitlines()] == [0.0]
+
+
+def test_package_vocoder_ships_half_precision_weights_and_their_own_graph(tmp_path):
+    """`rtanon lab package-vocoder`: generator.pt stores float16 weights (half the bytes), and the ONNX graph
+    is exported from exactly those weights, so both backends render the same audio."""
+    pytest.importorskip("onnxruntime")
+    from rtanon.cli import main
+    from rtanon.neural.backends import make_backend
+    from rtanon.neural.vocoder import HarmonicNoiseVocoder
+
+    cfg = VocoderConfig(units_dim=K, speaker_dim=D, initial_channels=32, min_channels=4, prenet_dilations=(1, 2),
+                        envelope_points=16, envelope_harmonics=16, noise_taps=16)
+    torch.manual_seed(0)
+    model = HarmonicNoiseVocoder(cfg).eval()
+    with torch.no_grad():  # a non-zero residual, so that the whole graph matters
+        model.conv_post.conv.parametrizations.weight.original0.fill_(0.1)
+    torch.save({"generator": model.state_dict(), "config": dataclasses.asdict(cfg), "step": 7}, tmp_path / "run.pt")
+    assert main(["lab", "package-vocoder", str(tmp_path / "run.pt"), str(tmp_path / "ship")]) == 0
+    saved = torch.load(tmp_path / "ship" / "generator.pt", weights_only=True)
+    assert saved["step"] == 7 and {v.dtype for v in saved["generator"].values()} == {torch.float16}
+    assert (tmp_path / "ship" / "generator.pt").stat().st_size < 0.6 * (tmp_path / "run.pt").stat().st_size
+    shipped = load_generator(tmp_path / "ship" / "generator.pt")
+    backend = make_backend("onnxruntime", onnx_path=tmp_path / "ship" / "vocoder.onnx")
+    g = torch.Generator().manual_seed(1)
+    units, f0 = torch.randn(2, 8, K, generator=g), torch.full((2, 16), 130.0)
+    spk, noise = torch.randn(2, D, generator=g), torch.randn(2, 8 * 320, generator=g)
+    out, _ = backend.step(units.numpy(), f0.numpy(), spk.numpy(), noise.numpy(), backend.init_state(2))
+    with torch.no_grad():
+        np.testing.assert_allclose(out, shipped(units, f0, spk, noise).numpy(), atol=1e-4, rtol=0)
+        assert (shipped(units, f0, spk, noise) - model(units, f0, spk, noise)).abs().max() < 0.05
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA resume runs on a GPU machine "

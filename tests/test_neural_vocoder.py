@@ -104,6 +104,27 @@ def test_checkpoint_round_trip_and_retired_configs_are_refused(model, tmp_path):
         VocoderConfig.from_dict({**asdict(SMALL), "units_kind": "probs"})
 
 
+def test_a_vocoder_that_reads_the_input_spectrum_is_refused():
+    """The input spectrum's keys (retired on 2026-12-03) load at their off values, as the shipped vocoders
+    store them; a vocoder that reads the input's log-mel is refused with a ConfigError that says how."""
+    from dataclasses import asdict
+
+    from rtanon.stages.neural import PACKAGED_CHECKPOINT, PACKAGED_DIRS, packaged_path
+
+    keys = set()
+    for point in PACKAGED_DIRS:
+        with packaged_path(PACKAGED_CHECKPOINT, point) as path:
+            keys |= set(torch.load(path, map_location="cpu", weights_only=True)["config"])
+            load_generator(path)
+    assert {"input_mel_bins", "input_cepstra", "input_cmn_frames"} <= keys  # balanced's and utterance's
+    off = {**asdict(SMALL), "input_mel_bins": 0, "input_cepstra": 16, "input_cmn_frames": 0}
+    assert VocoderConfig.from_dict(off) == SMALL
+    for key, value in (("input_mel_bins", 40), ("input_cmn_frames", 100)):
+        with pytest.raises(ConfigError, match=rf"trained with {key}={value}, an option this version of rtanon no "
+                                              "longer runs"):
+            VocoderConfig.from_dict({**off, key: value})
+
+
 def test_config_validation_says_how_to_fix():
     with pytest.raises(ConfigError, match="multiply to 320"):
         VocoderConfig(upsample_rates=(2, 5, 4, 4)).validate()

@@ -162,7 +162,7 @@ def bench_streams(anonymizer: Anonymizer, max_streams: int = 64, calls: int = 20
         raise ValueError("--streams measures the neural method's vocoder; use --method neural")
     backend = anonymizer.method.model.backend
     vcfg = anonymizer.method.model.vocoder_config
-    k = vcfg.input_width
+    k = vcfg.units_dim
     s_dim = vcfg.speaker_dim
     frame_ms = 1000.0 * FRAME_SAMPLES / SAMPLE_RATE_HZ
     rng = np.random.default_rng(0)

@@ -4,9 +4,8 @@
 - :mod:`rtanon.neural.vocoder`: ``HarmonicNoiseVocoder`` (harmonic-plus-noise synthesis from predicted
   spectral envelopes, refined by a causal HiFi-GAN upsampling stack; explicit streaming state) and
   ``load_generator`` for ``generator.pt`` checkpoints.
-- :mod:`rtanon.neural.input_mel`: the input's log-mel per 20 ms frame, an optional second content
-  input (``VocoderConfig.input_mel_bins``; the balanced point's until 2026-12-02, no shipped vocoder reads
-  it now), and its streaming form.
+- :mod:`rtanon.neural.input_mel`: log-mel spectra of the input audio in numpy (the content encoder's mel
+  filterbank, one log-mel frame per 20 ms frame); no vocoder reads the input spectrum since 2026-12-03.
 - :mod:`rtanon.neural.backends`: one streaming-step interface (``VocoderBackend``) with a factory
   ``make_backend("onnxruntime" | "torch" | "tensorrt", ...)`` and ``VocoderStream``, the per-session
   object that hides the state tuple.

@@ -31,15 +31,6 @@ class VocoderConfig:
     #: packaged encoder); the neural method refuses to pair the vocoder with another encoder, whose output it
     #: would render as noise
     content_sha256: str = ""
-    #: The input's own log-mel spectrum as a second content input (:mod:`rtanon.neural.input_mel`; the
-    #: balanced point of 2026-11-25 to 12-02): the last ``input_mel_bins`` channels of ``units`` are its
-    #: frame's log-mel (0 = none: content from ``z`` alone), of which the graph keeps DCT coefficients
-    #: 1..``input_cepstra``.
-    input_mel_bins: int = 0
-    input_cepstra: int = 16
-    #: Causal mean normalisation of that log-mel over the last ``input_cmn_frames`` frames of 20 ms (0 = none;
-    #: :func:`rtanon.neural.input_mel.mean_normalise`): the speaker's average spectral shape is left out.
-    input_cmn_frames: int = 0
     upsample_rates: tuple[int, ...] = (2, 5, 4, 4, 2)
     initial_channels: int = 256
     min_channels: int = 8
@@ -64,16 +55,17 @@ class VocoderConfig:
     log_f0_std: float = 0.5
     weight_norm: bool = True
 
-    #: Keys of retired configurations (the NSF source, soft-unit input; removed on 2026-11-25)
-    #: with the one value each may still hold in a checkpoint or graph this version can run.
+    #: Keys of retired configurations (the NSF source, soft-unit input: removed on 2026-11-25; the input
+    #: spectrum: 2026-12-03) with the one value each may still hold in a checkpoint or graph this version can
+    #: run (None: any).
     RETIRED = {"units_temperature": None, "units_kind": "z", "source_type": "envelope", "aux_mel_bins": 0,
                "num_harmonics": None, "sine_amp": None,
-               "noise_std_voiced": None}
+               "noise_std_voiced": None, "input_mel_bins": 0, "input_cmn_frames": 0, "input_cepstra": None}
 
     @classmethod
     def from_dict(cls, saved: dict) -> "VocoderConfig":
         """The config stored in a ``generator.pt`` or an ONNX graph's metadata (lists become tuples). One made
-        with a retired option is refused with a ``ConfigError``."""
+        with a retired option (the input spectrum among them) is refused with a ``ConfigError``."""
         def tuplify(v):
             return tuple(tuplify(x) for x in v) if isinstance(v, (list, tuple)) else v
 
@@ -88,11 +80,6 @@ class VocoderConfig:
             else:
                 fields[key] = tuplify(value)
         return cls(**fields)
-
-    @property
-    def input_width(self) -> int:
-        """Channels of the ``units`` input: the content plus the input's log-mel, when used."""
-        return self.units_dim + self.input_mel_bins
 
     def stage_channels(self) -> list[int]:
         return [max(self.initial_channels >> (i + 1), self.min_channels) for i in range(len(self.upsample_rates))]
@@ -123,12 +110,5 @@ class VocoderConfig:
             raise ConfigError(f"envelope_points={self.envelope_points}, envelope_harmonics="
                               f"{self.envelope_harmonics}, noise_taps={self.noise_taps}; use 8-128 points, 1-256 "
                               "harmonics and 16, 32, 64 or 128 taps")
-        if self.input_mel_bins and not (8 <= self.input_mel_bins <= 128
-                                        and 1 <= self.input_cepstra < self.input_mel_bins):
-            raise ConfigError(f"input_mel_bins={self.input_mel_bins}, input_cepstra={self.input_cepstra}; use 0 "
-                              "(no input spectrum) or 8-128 bands, with 1 <= cepstra < bands")
-        if self.input_cmn_frames and not (self.input_mel_bins and 2 <= self.input_cmn_frames <= 1000):
-            raise ConfigError(f"input_cmn_frames={self.input_cmn_frames}; use 0 (off) or 2-1000 frames of 20 ms, "
-                              "and only with an input spectrum (input_mel_bins > 0)")
         if min(self.pre_kernel_size, self.f0_kernel_size, self.post_kernel_size) < 1:
             raise ConfigError("pre/f0/post kernel sizes must be >= 1")

@@ -17,9 +17,7 @@ default ``upsample_rates=(2, 5, 4, 4, 2)`` the stages run at 100 Hz, 500 Hz,
 
 Inputs of one call (``L`` frames of 20 ms; ``B`` sessions):
 
-- ``units``: ``(B, L, D)`` float32, the content encoder's projections ``z`` at 50 Hz; with
-  ``input_mel_bins = M > 0`` (no shipped vocoder) followed by the input's own log-mel, ``(B, L, D + M)``
-  (:mod:`rtanon.neural.input_mel`).
+- ``units``: ``(B, L, D)`` float32, the content encoder's projections ``z`` at 50 Hz.
 - ``f0_hz``: ``(B, 2L)`` float32, F0 in Hz at 100 Hz, 0 where unvoiced.
 - ``speaker``: ``(B, S)`` float32, the pseudo-speaker embedding (S = 256),
   fixed for a session.
@@ -261,14 +259,6 @@ class HarmonicNoiseVocoder(nn.Module):
         c0 = config.initial_channels
         self.conv_pre = CausalConv1d(slots, config.units_dim, c0, config.pre_kernel_size, 1, wn)
         self.spk_pre = nn.Linear(config.speaker_dim, c0)
-        if config.input_mel_bins:  # the input's spectral shape: fixed DCT to cepstra 1..C, then a causal conv
-            from rtanon.neural.input_mel import cepstral_matrix
-
-            self.register_buffer("input_dct", torch.from_numpy(
-                cepstral_matrix(config.input_mel_bins, config.input_cepstra)), persistent=False)
-            self.mel_in = CausalConv1d(slots, config.input_cepstra, c0, config.pre_kernel_size, 1, wn)
-        else:
-            self.mel_in = None
         self.prenet = nn.ModuleList(CausalConv1d(slots, c0, c0, 3, d, wn) for d in config.prenet_dilations)
         m = config.envelope_points  # two 100 Hz frames of both envelopes per 50 Hz frame
         self.env_head = nn.Conv1d(c0, 4 * m, 1)
@@ -335,9 +325,8 @@ class HarmonicNoiseVocoder(nn.Module):
         if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
             return
         cfg = self.config
-        if units.ndim != 3 or units.shape[2] != cfg.input_width:
-            extra = f" (content {cfg.units_dim} + input log-mel {cfg.input_mel_bins})" if cfg.input_mel_bins else ""
-            raise ValueError(f"units must be (B, L, {cfg.input_width}){extra} at 50 Hz, got {tuple(units.shape)}")
+        if units.ndim != 3 or units.shape[2] != cfg.units_dim:
+            raise ValueError(f"units must be (B, L, {cfg.units_dim}) at 50 Hz, got {tuple(units.shape)}")
         b, n = units.shape[:2]
         want = {"f0_hz": (f0_hz, (b, 2 * n)), "speaker": (speaker, (b, cfg.speaker_dim)),
                 "noise": (noise, (b, FRAME_SAMPLES * n))}
@@ -356,25 +345,14 @@ class HarmonicNoiseVocoder(nn.Module):
         audio, new_state = self._step(units, f0_hz, speaker, noise, state)
         return (audio, *new_state)
 
-    def input_cepstra(self, mel: torch.Tensor) -> torch.Tensor:
-        """Cepstra 1..C ``(B, C, L)`` of the input log-mel ``(B, L, bins)``, scaled to about unit size: what
-        the ``mel_in`` convolution reads."""
-        return 0.25 * torch.einsum("cm,blm->bcl", self.input_dct, mel)
-
     def _step(self, units: torch.Tensor, f0_hz: torch.Tensor, speaker: torch.Tensor, noise: torch.Tensor,
               state: tuple[torch.Tensor, ...], residual: bool = True):
         self._check(units, f0_hz, speaker, noise, state)
         cur = self._unpack(state)
         new: list[torch.Tensor | None] = [None] * len(cur)
         b = units.shape[0]
-        mel_in = None
-        if self.mel_in is not None:
-            k = self.config.units_dim
-            units, mel_in = units[:, :, :k], units[:, :, k:]
         units = 4.0 * units / torch.sqrt((units * units).sum(-1, keepdim=True) + 1e-8)
         x = self.conv_pre(units.transpose(1, 2), cur, new) + self.spk_pre(speaker)[:, :, None]
-        if mel_in is not None:
-            x = x + self.mel_in(self.input_cepstra(mel_in), cur, new)
         for conv in self.prenet:
             x = x + conv(F.leaky_relu(x, 0.1), cur, new)
         e = self.env_head(F.leaky_relu(x, 0.1))  # (B, 4 M, L) -> (B, 2 M, 2 L)

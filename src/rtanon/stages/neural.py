@@ -27,11 +27,6 @@ largest wait these imply (:func:`stage_delay_samples`): 20 ms for 20 and
 40 ms chunks, 30 ms for 10 and 30 ms chunks, so the engine's algorithmic
 latency is 40 ms with 20 ms chunks.
 
-The balanced vocoder (``input_mel_bins`` > 0) also reads each frame's log-mel
-spectrum of the input (:mod:`rtanon.neural.input_mel`), computed here by an
-:class:`InputMelStream`; its window ends 96 samples after the frame, within
-the 20 ms the units wait, so it adds no delay.
-
 The audio is the vocoder's, made from content, pitch and the pseudo-speaker:
 no input sample reaches the output. What the user sounds like is never
 stored: the session keeps only the pseudo-speaker.
@@ -54,7 +49,6 @@ from rtanon.config import ConfigError, NeuralConfig
 from rtanon.constants import FRAME_SAMPLES, HOP_SAMPLES
 from rtanon.errors import UserError
 from rtanon.neural.config import VocoderConfig
-from rtanon.neural.input_mel import InputMelStream
 from rtanon.paths import check_regular
 from rtanon.stages.base import check_chunk
 
@@ -300,9 +294,6 @@ class NeuralVoiceStage:
         self.pitch = StreamingPitchConverter(TargetPitch.from_quantiles(identity.f0_quantiles_hz),
                                              PitchConversionConfig(method=model.config.pitch_method))
         self.vocoder = VocoderStream(model.backend, identity.embedding, rng)
-        mel_bins = model.vocoder_config.input_mel_bins
-        self.input_mel = (InputMelStream(mel_bins, model.vocoder_config.input_cmn_frames) if mel_bins
-                          else None)
         self._delay = stage_delay_samples(hop, self.f0.latency_frames, model.content.lookahead_frames)
         self._match = model.config.match_loudness
         self._max_gain = float(10.0 ** (model.config.max_gain_db / 20.0))
@@ -333,9 +324,6 @@ class NeuralVoiceStage:
         self.pitch.reset()
         self.vocoder.reset()
         self._units = np.zeros((0, self.content.model.output_dim), np.float32)
-        if self.input_mel is not None:
-            self.input_mel.reset()
-            self._mel = np.zeros((0, self.input_mel.bins), np.float32)
         self._f0 = np.zeros(0, np.float32)
         self._f0_skip = self.f0.latency_frames  # the stream's first values are frames before it began
         self._out = np.zeros(self._delay, np.float32)
@@ -379,16 +367,10 @@ class NeuralVoiceStage:
             self._f0 = np.concatenate([self._f0, *[m.astype(np.float32) for m in mapped]])
         if units.shape[0]:
             self._units = np.concatenate([self._units, units])
-        t2 = time.perf_counter_ns()  # the vocoder's part from here, the balanced point's input log-mel included
+        t2 = time.perf_counter_ns()
         n = min(self._units.shape[0], self._f0.shape[0] // 2)
-        content = self._units[:n]
-        if self.input_mel is not None:  # its frames need 96 samples of lookahead, the units 320: never fewer
-            self._mel = np.concatenate([self._mel, self.input_mel.process(chunk)])
-            n = min(n, self._mel.shape[0])
-            content = np.concatenate([self._units[:n], self._mel[:n]], axis=1)
-            self._mel = self._mel[n:]
         if n:
-            audio = yield from self.vocoder.steps(content, self._f0[:2 * n])
+            audio = yield from self.vocoder.steps(self._units[:n], self._f0[:2 * n])
             self._units, self._f0 = self._units[n:], self._f0[2 * n:]
             if self._match:
                 audio = self._scale(audio, n)

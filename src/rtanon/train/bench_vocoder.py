@@ -67,7 +67,7 @@ def run(configs: list[str] = ("{}",), frames: int = 1, iters: int = 400, threads
             model = HarmonicNoiseVocoder(cfg)
             path = export_vocoder_onnx(model, Path(tmp) / f"vocoder{i}.onnx")
             backend = make_backend("onnxruntime", onnx_path=path, threads=threads)
-            units = rng.standard_normal((1, frames, cfg.input_width), dtype=np.float32)
+            units = rng.standard_normal((1, frames, cfg.units_dim), dtype=np.float32)
             spk = rng.standard_normal((1, cfg.speaker_dim)).astype(np.float32)
             items.append({"config": kw, "parameters": model.folded().num_parameters(),
                           "onnx_mb": path.stat().st_size / 2**20, "backend": backend, "units": units, "spk": spk,

@@ -28,8 +28,10 @@ Whisper model of ``--asr`` (WER) and by hama's phone recognizer against the tran
   the Whisper teacher (``whisper``), hama's phone posteriors (``phones``) or the student's ``z``, with the
   own embedding and F0 or the pseudo-voice's: the vocoder fed teacher content, through one renderer for
   every input. The whole-utterance candidates of files and corpora (``utterance``: Whisper tiny.en over
-  each utterance alone, ``utterancebase``: Whisper base, ``moonshine``: Moonshine base's encoder) the same
-  way, with the own voice.
+  each utterance alone, ``utterancebase``: Whisper base, ``moonshine``: Moonshine base's encoder) and any
+  content encoder graph's ``z`` (``graph``: the probe names the graph) the same way, with the own voice.
+  A probe row is stored under the probe file's digest, so one ``--out`` holds the rows of several
+  ``--probes`` folders.
 
 Each row has a parent; its stage cost is its error rate minus the parent's, and the table names the
 stage that costs the most. The per-utterance transcripts go to ``--out`` (JSON); a rerun with the same
@@ -76,7 +78,7 @@ ROWS = (
     Row("student_pseudo", "student_own", "the pseudo-voice on predicted envelopes"),
     Row("strong", "student_pseudo", "the live path: VAD gate (comfort noise outside speech), online pitch "
                                     "mapping, ONNX in 20 ms chunks"),
-    Row("balanced", "strong", "the balanced point's input spectrum (against strong)"),
+    Row("balanced", "strong", "the balanced point: its own content encoder and vocoder (against strong)"),
     Row("mcadams", "original", "McAdams (reference)"),
     Row("probe_mel_own", "synth_own", "the probe's regressor, fed the input's own log-mel (its floor)"),
     Row("probe_whisper_own", "probe_mel_own", "the Whisper teacher's content (own voice)"),
@@ -87,6 +89,7 @@ ROWS = (
     Row("probe_phoneframes_own", "probe_mel_own", "hama's phones spread over their frames (one-hot; own voice)"),
     Row("probe_student_own", "probe_z_own", "a content checkpoint's z (own voice)"),
     Row("probe_studentphones_own", "probe_mel_own", "a content checkpoint's causal phone reader (own voice)"),
+    Row("probe_graph_own", "probe_mel_own", "a content encoder graph's z (envelope-probe --input graph; own voice)"),
     Row("probe_utterance_own", "probe_mel_own", "Whisper tiny.en over each utterance alone (the shipped "
                                                 "whole-utterance content; own voice)"),
     Row("probe_utterancebase_own", "probe_utterance_own", "Whisper base instead of tiny.en (own voice)"),
@@ -173,6 +176,17 @@ class Models:
         if point is None:
             return row
         return f"{row}@{self.content_digest(point)[:10]}+{self.vocoder_digest(point, row)[:10]}"
+
+
+def probe_key(row: str, probes: str) -> str:
+    """Where a probe row is stored: its name and the digest of the regressor (``envprobe_KIND.pt``) that
+    renders it."""
+    from rtanon.neural.backends import file_sha256
+
+    path = Path(probes) / f"envprobe_{row.split('_')[1]}.pt"
+    if not path.is_file():
+        raise SystemExit(f"--probes: {path} is missing (rtanon lab envelope-probe train --out {path})")
+    return f"{row}@{file_sha256(path)[:10]}"
 
 
 _MODELS: dict = {}
@@ -437,7 +451,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise SystemExit("the probe_* rows need --probes DIR (rtanon lab envelope-probe train writes them)")
     models = Models(args.content, args.strong, args.balanced)
     models.check(rows)
-    keys = {r: models.key(r) for r in rows}
+    keys = {r: probe_key(r, args.probes) if r.startswith("probe_") else models.key(r) for r in rows}
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing as mp
 

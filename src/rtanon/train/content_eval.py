@@ -212,6 +212,87 @@ class StudentReader:
         return z[0].numpy(), lp
 
 
+class GraphPhoneReader:
+    """A content encoder graph's ``z`` (run offline on whole utterances) read by a linear phone head fitted
+    on the frozen ``z`` of training speech (``fit_phone_head``): the causal phone reader of an encoder
+    trained without one, the same probe for every encoder. Audio (T,) -> (``z``, phone log probabilities),
+    (floor(T / 320), D) and (floor(T / 320), 191)."""
+
+    def __init__(self, probe: Path) -> None:
+        import torch
+
+        from rtanon.train.teacher import PHONE_TOKENS, graph_content
+
+        ck = torch.load(probe, map_location="cpu", weights_only=True)
+        self.z = graph_content(ck["content"])
+        if self.z.sha256 != ck["content_sha256"]:
+            raise SystemExit(f"{probe} was fitted on {ck['content_sha256'][:12]}, not on {ck['content']} "
+                             f"({self.z.sha256[:12]})")
+        self.mean, self.std = ck["mean"].numpy(), ck["std"].numpy()
+        self.head = torch.nn.Linear(len(self.mean), PHONE_TOKENS)
+        self.head.load_state_dict(ck["head"])
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        z = self.z(x)
+        with torch.no_grad():
+            lp = torch.log_softmax(self.head(torch.from_numpy((z - self.mean) / self.std)), -1).numpy()
+        return z, lp
+
+
+def fit_phone_head(graph: Path, caches: list[Path], out: Path, steps: int = 3000, batch: int = 8192,
+                   seed: int = 0) -> dict:
+    """Fits a linear head from a content graph's frozen, standardised ``z`` to hama's phones spread over
+    their frames (``teacher.cached_phone_frames``: the phone-weight recipe's target) on cached training
+    sets, cross-entropy, AdamW at 3e-3 with a cosine; writes ``out`` (what ``GraphPhoneReader`` reads) and
+    returns the final training loss and frame accuracy."""
+    import torch
+
+    from rtanon.train.teacher import PHONE_TOKENS, CorpusCache, cached_graph_z, cached_phone_frames, graph_content
+    from rtanon import atomic
+
+    torch.manual_seed(seed)
+    zs, ys = [], []
+    for root in caches:
+        cache = CorpusCache.load(root)
+        zs.append(cached_graph_z(cache, graph).astype(np.float32))
+        ys.append(cached_phone_frames(cache))
+    z, y = np.concatenate(zs), np.concatenate(ys)
+    mean, std = z.mean(0), z.std(0) + 1e-5
+    z = torch.from_numpy((z - mean) / std)
+    y = torch.from_numpy(y)
+    head = torch.nn.Linear(z.shape[1], PHONE_TOKENS)
+    opt = torch.optim.AdamW(head.parameters(), 3e-3, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        idx = torch.from_numpy(rng.integers(0, len(y), batch))
+        loss = torch.nn.functional.cross_entropy(head(z[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    with torch.no_grad():
+        acc = float((head(z).argmax(-1) == y).float().mean())
+        loss = float(torch.nn.functional.cross_entropy(head(z), y))
+    sha = graph_content(str(graph)).sha256
+    with atomic.atomic_open(out) as f:
+        torch.save({"content": str(graph), "content_sha256": sha, "head": head.state_dict(),
+                    "mean": torch.from_numpy(mean), "std": torch.from_numpy(std), "steps": steps,
+                    "cache": [str(c) for c in caches], "frames": len(y)}, f)
+    return {"frames": len(y), "train_loss": loss, "train_frame_accuracy": acc}
+
+
+def phone_reader(path: Path):
+    """The reader a file names: a ``rtanon train content --phone-weight`` checkpoint (its own head) or a
+    ``rtanon lab phone-eval --fit`` probe on a content graph."""
+    import torch
+
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    return GraphPhoneReader(path) if "content_sha256" in ck else StudentReader(path)
+
+
 def switching_decode(log_probs: np.ndarray, penalty: float) -> np.ndarray:
     """Frame log probabilities (T, K) -> the label sequence that maximises their sum minus ``penalty`` per
     change of label (Viterbi over K states, every change costing the same): a frame classifier's argmax
@@ -244,8 +325,8 @@ def frame_phones_to_string(labels: np.ndarray, tokens: list[str]) -> list[str]:
 
 def phone_error_rates(checkpoint: Path, data_dirs: list[Path], per_speaker: int | None, seed: int = 0,
                       penalty: float = 0.0) -> dict:
-    """The causal phone reader (a ``--phone-weight`` checkpoint's head on ``z``) and hama (non-causal) on
-    evaluation sets: PER of each against the transcripts' canonical phones (hama's G2P), of the reader
+    """The causal phone reader (a ``--phone-weight`` checkpoint's head on ``z``, or a linear head fitted on a
+    content graph's frozen ``z``: ``fit_phone_head``) and hama (non-causal) on evaluation sets: PER of each against the transcripts' canonical phones (hama's G2P), of the reader
     against hama's own phones, and the reader's frame agreement with hama's phones spread over their
     frames (its training target)."""
     import hama
@@ -257,7 +338,7 @@ def phone_error_rates(checkpoint: Path, data_dirs: list[Path], per_speaker: int 
     from rtanon.io.kaldi import KaldiDir
     from rtanon.train.teacher import hama_phone_posteriors, phone_frames
 
-    reader = StudentReader(checkpoint)
+    reader = phone_reader(checkpoint)
     if reader.head is None:
         raise SystemExit(f"{checkpoint}: no phone head (train with --phone-weight)")
     posteriors = hama_phone_posteriors()
@@ -288,15 +369,33 @@ def phone_error_rates(checkpoint: Path, data_dirs: list[Path], per_speaker: int 
 
 
 def main_phone_eval(argv: list[str] | None = None, prog: str | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=phone_error_rates.__doc__)
-    ap.add_argument("checkpoint", type=Path, help="a rtanon train content --phone-weight checkpoint (ckpt.pt)")
-    ap.add_argument("--data", nargs="+", required=True, type=Path, metavar="KALDI_DIR",
+    ap = argparse.ArgumentParser(prog=prog, description=phone_error_rates.__doc__,
+                                 epilog="A content graph without a phone head (version 4, the streaming Whisper "
+                                        "encoder, its zero-shot export) gets one first: --fit GRAPH --cache "
+                                        "runs/cache/so762_train runs/cache/libri_clips writes the head to CHECKPOINT "
+                                        "(caches with phones.npy: `rtanon lab envelope-probe features`), then reads.")
+    ap.add_argument("checkpoint", type=Path, help="a rtanon train content --phone-weight checkpoint (ckpt.pt), or the "
+                                                  "head file --fit writes and reads")
+    ap.add_argument("--data", nargs="+", type=Path, metavar="KALDI_DIR", default=[],
                     help="evaluation sets with transcripts (so762_dev, libri_devclean)")
+    ap.add_argument("--fit", type=Path, default=None, metavar="GRAPH",
+                    help="fit a linear phone head on this content graph's frozen z first (training caches: --cache)")
+    ap.add_argument("--cache", nargs="+", type=Path, default=[], metavar="CACHE",
+                    help="cached training sets for --fit (never an evaluation set)")
     ap.add_argument("--utts-per-speaker", type=int, default=4, help="utterances per speaker, seeded (default 4)")
     ap.add_argument("--penalty", type=float, default=0.0,
                     help="log-probability cost of each change of phone in the decoding (switching_decode; choose it "
                          "on training speech, default 0: the frame argmax)")
     args = ap.parse_args(argv)
-    print(json.dumps(phone_error_rates(args.checkpoint, args.data, args.utts_per_speaker,
-                                       penalty=args.penalty), indent=1))
+    if args.fit is not None:
+        from rtanon.train.shards import looks_like_eval_dir
+
+        if not args.cache:
+            ap.error("--fit needs --cache (cached training sets)")
+        if any(looks_like_eval_dir(c.resolve().name) for c in args.cache):
+            ap.error("--cache holds an evaluation set: never fit on it")
+        print(json.dumps(fit_phone_head(args.fit, args.cache, args.checkpoint)), flush=True)
+    if args.data:
+        print(json.dumps(phone_error_rates(args.checkpoint, args.data, args.utts_per_speaker,
+                                           penalty=args.penalty), indent=1))
     return 0

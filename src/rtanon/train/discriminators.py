@@ -141,25 +141,3 @@ class _ReverseGradient(torch.autograd.Function):
 def reverse_gradient(x: torch.Tensor) -> torch.Tensor:
     return _ReverseGradient.apply(x)
 
-
-class SpeakerAdversary(nn.Module):
-    """A speaker classifier on a reading ``(B, C, L)`` pooled over time, as an utterance-level attacker pools:
-    per-channel mean and standard deviation over the frames ``valid`` ``(B, L)`` marks (all by default), each
-    statistic standardised over the batch (so shrinking a channel hides nothing: only making it carry no
-    speaker does), then an MLP -> ``(B, speakers)`` logits. Behind :func:`reverse_gradient` the classifier
-    learns to name the speaker while what it reads learns to hide it."""
-
-    def __init__(self, channels: int, speakers: int, hidden: int = 256) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.BatchNorm1d(2 * channels, eps=1e-6, affine=False,
-                                                track_running_stats=False),
-                                 nn.Linear(2 * channels, hidden), nn.LeakyReLU(0.1),
-                                 nn.Linear(hidden, hidden), nn.LeakyReLU(0.1), nn.Linear(hidden, speakers))
-
-    def forward(self, reading: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        reading = reading.float()
-        w = torch.ones_like(reading[:, :1]) if valid is None else valid[:, None].to(reading.dtype)
-        n = w.sum(2).clamp(min=2.0)
-        mean = (reading * w).sum(2) / n
-        std = torch.sqrt(((reading - mean[:, :, None]) ** 2 * w).sum(2) / (n - 1.0) + 1e-8)
-        return self.net(torch.cat((mean, std), dim=1))

@@ -11,6 +11,9 @@ embedding:
 - ``z``: the shipped causal content encoder's ``z`` (what the vocoders read);
 - ``mel``: the input's own 80-band log-mel per 20 ms (the balanced vocoder's input spectrum, uncut): the
   control, how close the regressor and the synthesiser get when the content holds the spectrum itself;
+- ``graph``: any content encoder graph's ``z`` (``--content GRAPH``: version 4, the streaming Whisper
+  encoder, its zero-shot export), run offline on each utterance; computed on the first ``train`` into
+  ``content_graph_SHA.npy`` beside the cache;
 - ``utterance``, ``utterancebase``, ``moonshine``: the whole-utterance candidates of files and corpora
   (issue 62), each encoder over one utterance alone with a second of silence after it: Whisper tiny.en
   (the shipped path's content), Whisper base, Moonshine base (``pip install '.[moonshine]'``); computed
@@ -44,7 +47,7 @@ from torch import nn
 from rtanon import atomic
 
 INPUTS = {"whisper": 384, "phones": 191, "phoneframes": 191, "z": 256, "mel": 80, "student": 256,
-          "studentphones": 191, "utterance": 384, "utterancebase": 512, "moonshine": 416}
+          "studentphones": 191, "utterance": 384, "utterancebase": 512, "moonshine": 416, "graph": None}
 #: whole-utterance candidates of the file and corpus path (issue 62), each read on one utterance alone as
 #: :func:`rtanon.content.utterance.encode_utterance` does: Whisper tiny.en (the shipped path's content),
 #: Whisper base, Moonshine base's encoder; computed once per cached set into ``content_KIND.npy``
@@ -52,6 +55,8 @@ UTTERANCE_INPUTS = ("utterance", "utterancebase", "moonshine")
 MOONSHINE_HOP = 384  # samples per frame of Moonshine's encoder (41.7 Hz)
 #: inputs read from a content checkpoint (``--student``) instead of the shipped encoder or a teacher
 STUDENT_INPUTS = ("student", "studentphones")
+#: the input read from a content encoder graph (``--content``); its width is the graph's
+GRAPH_INPUT = "graph"
 POINTS = 48  # envelope points per 10 ms: VocoderConfig.envelope_points of the shipped vocoders
 LOG_FLOOR = -9.0  # log amplitude floor of the targets (about -78 dB)
 
@@ -125,7 +130,12 @@ def synthesise_points(f0_hz: np.ndarray, env_h: np.ndarray, env_n: np.ndarray, s
 
 def _content(kind: str, student: str | None = None):
     """Per-process content extractors: audio (T,) float32 16 kHz -> (floor(T / 320), D) float32; the
-    ``STUDENT_INPUTS`` read the content checkpoint ``student`` (its ``z`` or its phone log probabilities)."""
+    ``STUDENT_INPUTS`` read the content checkpoint ``student`` (its ``z`` or its phone log probabilities),
+    ``graph`` the content encoder graph ``student``."""
+    if kind == GRAPH_INPUT:
+        from rtanon.train.teacher import graph_content
+
+        return graph_content(student)
     if kind in STUDENT_INPUTS:
         from rtanon.train.content_eval import StudentReader
 
@@ -173,16 +183,9 @@ def _content(kind: str, student: str | None = None):
 
         return lambda x: log_mel_frames(np.asarray(x, np.float32), INPUTS["mel"])
     if kind == "z":
-        from rtanon.content.stream import ContentEncoderModel
+        from rtanon.train.teacher import graph_content
 
-        enc = ContentEncoderModel()
-
-        def z(x: np.ndarray) -> np.ndarray:
-            out = enc.encode(x)
-            n = len(x) // 320
-            pad = np.zeros((max(0, n - len(out)), out.shape[1]), np.float32)
-            return np.concatenate([out[:n], pad]).astype(np.float32)
-        return z
+        return graph_content(None)
     raise KeyError(kind)
 
 
@@ -224,21 +227,9 @@ def _moonshine():
 def _computed_content(cache, kind: str) -> np.ndarray:
     """A whole-utterance candidate's frames of every cached utterance, computed once into
     ``content_KIND.npy`` beside the cache (float16)."""
-    from tqdm import tqdm
+    from rtanon.train.teacher import computed_frames
 
-    path = cache.root / f"content_{kind}.npy"
-    if path.exists():
-        return np.load(path)
-    extract = _content(kind)
-    audio = cache.audio()
-    out = np.zeros((int(cache.frame_len.sum()), INPUTS[kind]), np.float16)
-    for i in tqdm(range(len(cache.utts)), desc=f"{cache.root.name}: {kind}", unit="utt", file=sys.stderr):
-        o, n, t = int(cache.audio_offset[i]), int(cache.audio_len[i]), int(cache.frame_len[i])
-        z = extract(audio[o:o + n].astype(np.float32) / 32767.0)[:t]
-        out[int(cache.frame_offset[i]):int(cache.frame_offset[i]) + len(z)] = z
-    with atomic.atomic_open(path) as f:
-        np.save(f, out)
-    return out
+    return computed_frames(cache, cache.root / f"content_{kind}.npy", _content(kind), INPUTS[kind], kind)
 
 
 def _one_hot(labels: np.ndarray) -> np.ndarray:
@@ -322,7 +313,7 @@ def _student_content(cache, kind: str, student: str) -> np.ndarray:
 
 class _Data:
     def __init__(self, roots: list[Path], kind: str, student: str | None = None) -> None:
-        from rtanon.train.teacher import CorpusCache, cached_phone_frames
+        from rtanon.train.teacher import CorpusCache, cached_graph_z, cached_phone_frames
 
         self.items = []
         for root in roots:
@@ -334,6 +325,7 @@ class _Data:
                            "student": lambda: _student_content(cache, kind, student),
                            "studentphones": lambda: _student_content(cache, kind, student),
                            "z": lambda: npz["z"], "mel": lambda: _cached_mel(cache),
+                           GRAPH_INPUT: lambda: cached_graph_z(cache, student),
                            **{k: (lambda k=k: _computed_content(cache, k)) for k in UTTERANCE_INPUTS}}[kind]()
             for i in range(len(cache.utts)):
                 o, t = int(cache.frame_offset[i]), int(cache.frame_len[i])
@@ -370,8 +362,12 @@ def train(args) -> None:
     torch.manual_seed(0)
     if (args.input in STUDENT_INPUTS) != (args.student is not None):
         raise SystemExit(f"--student CKPT goes with --input {' or '.join(STUDENT_INPUTS)} (and only with them)")
-    data = _Data([Path(c) for c in args.cache], args.input, args.student)
-    net = EnvelopeRegressor(INPUTS[args.input])
+    if (args.input == GRAPH_INPUT) != (args.content is not None):
+        raise SystemExit(f"--content GRAPH goes with --input {GRAPH_INPUT} (and only with it)")
+    source = args.student or args.content
+    data = _Data([Path(c) for c in args.cache], args.input, source)
+    in_dim = data.items[0][0].shape[1]
+    net = EnvelopeRegressor(in_dim)
     opt = torch.optim.AdamW(net.parameters(), 1e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=args.steps, pct_start=0.05)
     rng = np.random.default_rng(0)
@@ -387,15 +383,16 @@ def train(args) -> None:
             print(f"{args.input} step {step}: L1 {float(loss.detach()):.3f} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
     with atomic.atomic_open(args.out) as f:
-        torch.save({"input": args.input, "state": net.state_dict(), "steps": args.steps, "student": args.student,
-                    "cache": [str(c) for c in args.cache]}, f)
+        torch.save({"input": args.input, "state": net.state_dict(), "steps": args.steps, "student": source,
+                    "in_dim": in_dim, "cache": [str(c) for c in args.cache]}, f)
     print(f"wrote {args.out}")
 
 
 def load(path: str | Path) -> tuple[str, EnvelopeRegressor, str | None]:
-    """-> the probe's input, its regressor and the content checkpoint it read (``STUDENT_INPUTS``)."""
+    """-> the probe's input, its regressor and the content checkpoint (``STUDENT_INPUTS``) or graph
+    (``graph``) it read."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    net = EnvelopeRegressor(INPUTS[ckpt["input"]])
+    net = EnvelopeRegressor(ckpt.get("in_dim") or INPUTS[ckpt["input"]])
     net.load_state_dict(ckpt["state"])
     return ckpt["input"], net.eval(), ckpt.get("student")
 
@@ -423,6 +420,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--student", default=None, metavar="CKPT",
                    help=f"the content checkpoint the {' and '.join(STUDENT_INPUTS)} inputs read")
+    p.add_argument("--content", default=None, metavar="GRAPH",
+                   help=f"the content encoder graph the {GRAPH_INPUT} input reads (its z, offline; e.g. "
+                        "`rtanon lab export-whisper` without --checkpoint: the zero-shot Whisper encoder)")
     p.set_defaults(func=train)
     args = ap.parse_args(argv)
     from rtanon.train.shards import looks_like_eval_dir

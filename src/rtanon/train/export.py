@@ -99,7 +99,7 @@ def export_vocoder_onnx(model, path: str | Path, frames: int = 1, opset: int = 1
     m = model.folded().cpu()
     cfg = m.config
     b = 1
-    args = (torch.zeros(b, frames, cfg.input_width), torch.full((b, 2 * frames), 120.0),
+    args = (torch.zeros(b, frames, cfg.units_dim), torch.full((b, 2 * frames), 120.0),
             torch.zeros(b, cfg.speaker_dim), torch.zeros(b, FRAME_SAMPLES * frames), *m.init_state(b))
     names = state_names(m)
     inputs = ["units", "f0_hz", "speaker", "noise", *names]

@@ -155,9 +155,7 @@ class ShardDataset:
     ``batch(rng, batch_size, segment_frames)`` -> dict of numpy arrays: ``units`` (B, S, D) float32,
     ``f0_hz`` (B, 2S) float32, ``audio`` (B, 320 S) float32 in [-1, 1], ``speaker`` (B,) int64 rows of
     ``embeddings`` (n_speakers, D) float32. Utterances shorter than a segment are zero-padded (silence,
-    unvoiced) at the end. With ``history_frames = H > 0`` also ``history`` (B, 320 H), the audio of the H
-    frames before each segment (zeros before its utterance began) and ``history_frames`` (B,) int64, how
-    many of them the utterance has.
+    unvoiced) at the end.
     """
 
     def __init__(self, shard_dir: str | Path, shards: list[str] | None = None, verify: bool = False) -> None:
@@ -206,15 +204,11 @@ class ShardDataset:
     def total_seconds(self) -> float:
         return float(self.frames.sum()) / FRAME_RATE_HZ
 
-    def batch(self, rng: np.random.Generator, batch_size: int, segment_frames: int,
-              history_frames: int = 0) -> dict[str, np.ndarray]:
-        k, s, h = self.units_dim, segment_frames, history_frames
+    def batch(self, rng: np.random.Generator, batch_size: int, segment_frames: int) -> dict[str, np.ndarray]:
+        k, s = self.units_dim, segment_frames
         out = {"units": np.zeros((batch_size, s, k), np.float32), "f0_hz": np.zeros((batch_size, 2 * s), np.float32),
                "audio": np.zeros((batch_size, FRAME_SAMPLES * s), np.float32),
                "speaker": np.zeros(batch_size, np.int64)}
-        if h:
-            out["history"] = np.zeros((batch_size, FRAME_SAMPLES * h), np.float32)
-            out["history_frames"] = np.zeros(batch_size, np.int64)
         # utterances drawn in proportion to their length, so every second of speech is equally likely
         p = self.frames / self.frames.sum()
         for b, u in enumerate(rng.choice(len(self), size=batch_size, p=p)):
@@ -226,11 +220,6 @@ class ShardDataset:
             out["f0_hz"][b, :2 * m] = self.f0_hz[2 * f:2 * (f + m)]
             out["audio"][b, :FRAME_SAMPLES * m] = self.audio[FRAME_SAMPLES * f:FRAME_SAMPLES * (f + m)] / 32768.0
             out["speaker"][b] = self.speaker[u]
-            if h:
-                past = min(h, start)  # frames of the utterance before the segment, up to h
-                out["history"][b, FRAME_SAMPLES * (h - past):] = \
-                    self.audio[FRAME_SAMPLES * (f - past):FRAME_SAMPLES * f] / 32768.0
-                out["history_frames"][b] = past
         return out
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -283,3 +284,47 @@ def cached_phone_frames(cache: CorpusCache, reach: int = 4) -> np.ndarray:
     for o, t in zip(cache.frame_offset, cache.frame_len):
         out[o:o + t] = phone_frames(post[o:o + t], reach)
     return out
+
+
+def computed_frames(cache: CorpusCache, path: Path, extract, dim: int, desc: str) -> np.ndarray:
+    """``extract`` (audio (T,) float32 -> (frames, ``dim``)) over every cached utterance, computed once into
+    ``path`` beside the cache (float16; later calls load it)."""
+    from tqdm import tqdm
+
+    if path.exists():
+        return np.load(path)
+    audio = cache.audio()
+    out = np.zeros((int(cache.frame_len.sum()), dim), np.float16)
+    for i in tqdm(range(len(cache.utts)), desc=f"{cache.root.name}: {desc}", unit="utt", file=sys.stderr):
+        o, n, t = int(cache.audio_offset[i]), int(cache.audio_len[i]), int(cache.frame_len[i])
+        z = extract(audio[o:o + n].astype(np.float32) / 32767.0)[:t]
+        out[int(cache.frame_offset[i]):int(cache.frame_offset[i]) + len(z)] = z
+    with atomic_open(path) as f:
+        np.save(f, out)
+    return out
+
+
+def graph_content(path: str | Path | None):
+    """A content encoder graph (``None``: the packaged version 4) run offline on a whole utterance: audio
+    (T,) -> its ``z``, (floor(T / 320), D) float32, frame ``t`` aligned with the input's frame ``t``; the
+    function carries the graph's width (``dim``) and digest (``sha256``)."""
+    from rtanon.content.stream import ContentEncoderModel
+
+    enc = ContentEncoderModel(path)
+
+    def z(x: np.ndarray) -> np.ndarray:
+        out = enc.encode(x)
+        n = len(x) // FRAME_SAMPLES
+        pad = np.zeros((max(0, n - len(out)), out.shape[1]), np.float32)
+        return np.concatenate([out[:n], pad]).astype(np.float32)
+    z.dim = enc.unit_dim
+    z.sha256 = enc.sha256
+    return z
+
+
+def cached_graph_z(cache: CorpusCache, graph: str | Path) -> np.ndarray:
+    """A content graph's ``z`` of every cached frame, computed once into ``content_graph_SHA.npy`` beside the
+    cache (SHA: the graph's digest, 12 digits)."""
+    extract = graph_content(graph)
+    return computed_frames(cache, cache.root / f"content_graph_{extract.sha256[:12]}.npy", extract, extract.dim,
+                           f"z of {Path(graph).name}")

@@ -6,9 +6,7 @@ generator from the zero state, the HiFi-GAN losses, resumable checkpoints.
 time). Losses: 45 x mel L1 + multi-resolution STFT from step 0; MPD/MSD adversarial + 2 x feature matching
 from ``adversarial_start_step`` (paper 002 Eq. 2-5; by default from step 0 on CUDA and never on a CPU,
 where they cost about 10x per step); optionally the content-consistency loss (``content_loss_weight``): the
-frozen content encoder's ``z`` of the output against its ``z`` of the target, 1 - cosine per frame; and
-optionally a speaker adversary (``speaker_adversary_weight``) on what the generator reads from the input
-spectrum, behind gradient reversal. Until
+frozen content encoder's ``z`` of the output against its ``z`` of the target, 1 - cosine per frame. Until
 ``residual_start_step`` only the envelope synthesiser's speech is trained (the upsampling stack is not
 run: about half the cost of a step). Each item's speaker embedding is blended with another training
 speaker's with probability ``blend_prob`` (:class:`BlendWithOtherSpeaker`), so voices between training
@@ -97,66 +95,10 @@ def _torch_save(obj, path: Path) -> None:
         torch.save(obj, f)
 
 
-#: training's vocal-tract-length perturbation of the input log-mel: warp factors in [1 / MAX_WARP, MAX_WARP]
-MAX_WARP = 1.22
-#: training's random spectral tilt of the input log-mel: up to this many natural-log units from 0 to 8 kHz
-#: (about +-8.7 dB)
-MAX_TILT = 1.0
-
-
-def perturbed_log_mel(audio: np.ndarray, bins: int, frames: int, rng: np.random.Generator) -> np.ndarray:
-    """The balanced vocoder's input log-mel in training (NANSY-style information perturbation, Choi et al.
-    2021): :func:`rtanon.neural.input_mel.log_mel_frames` of each row of ``audio`` ``(B, N)`` read through
-    its own randomly warped filterbank (frequency f read at f * warp, warp log-uniform in [1 / MAX_WARP,
-    MAX_WARP]) plus a random tilt (uniform in +-MAX_TILT from the lowest band to the highest) ->
-    ``(B, frames, bins)``. The target stays the speaker's own audio, so the voice must come from the
-    speaker embedding."""
-    from rtanon.neural.input_mel import frame_power, log_mel, mel_filterbank
-
-    power = frame_power(audio, frames)
-    warps = np.exp(rng.uniform(-np.log(MAX_WARP), np.log(MAX_WARP), size=audio.shape[0]))
-    tilts = rng.uniform(-MAX_TILT, MAX_TILT, size=audio.shape[0])
-    ramp = np.linspace(-0.5, 0.5, bins, dtype=np.float32)
-    return np.stack([log_mel(p, mel_filterbank(bins, warp=float(w))) + np.float32(t) * ramp
-                     for p, w, t in zip(power, warps, tilts)])
-
-
-def input_log_mel(b: dict, bins: int, frames: int, cmn_frames: int, rng: np.random.Generator,
-                  with_history: bool = False):
-    """The vocoder's input log-mel ``(B, frames, bins)`` for a batch of :meth:`ShardDataset.batch`:
-    :func:`perturbed_log_mel` of its audio, mean-normalised over ``cmn_frames`` (when > 0) with the
-    batch's ``history`` of ``cmn_frames`` frames before each segment, as a stream would have seen them (the
-    first history frame is never averaged: it gives the next one the 96 samples its window reads before it;
-    the tilt, constant in time, drops out). ``with_history``: ``(frames of the history and the segment
-    (B, cmn_frames + frames, bins), the index from which each row's frames are all real (B,))`` instead."""
-    if not cmn_frames:
-        lm = perturbed_log_mel(b["audio"], bins, frames, rng)
-        return (lm, np.zeros(len(lm), np.int64)) if with_history else lm
-    from rtanon.neural.input_mel import mean_normalise
-
-    h = cmn_frames
-    lm = perturbed_log_mel(np.concatenate([b["history"], b["audio"]], axis=1), bins, h + frames, rng)
-    first = h - np.asarray(b["history_frames"])
-    lm = mean_normalise(lm, cmn_frames, first=first)
-    return (lm, first + 1) if with_history else lm[:, h:]
-
-
-def speaker_reading(gen, spectrum: np.ndarray, first: np.ndarray, device):
-    """What ``gen`` reads from the input log-mel ``spectrum`` ``(B, L, bins)`` (its ``mel_in`` convolution's
-    output ``(B, C, L)``, from the zero state) and the frames from each row's ``first`` on ``(B, L)``: the
-    speaker adversary's view of a segment with the history before it, as an attacker pools an utterance."""
-    import torch
-
-    cep = gen.input_cepstra(torch.from_numpy(spectrum).to(device))
-    reading = gen.mel_in.conv(torch.nn.functional.pad(cep, (gen.mel_in.context, 0)))
-    valid = torch.arange(spectrum.shape[1], device=device)[None] >= torch.from_numpy(first).to(device)[:, None]
-    return reading, valid
-
-
 def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
     """A ``generator.pt`` checkpoint for ``vocoder_config`` from the weights at ``path``, which may have fewer
-    pre-net convolutions or no input log-mel convolution (``input_mel_bins``): the missing ones start at
-    zero (weight-norm gain 0), so the new model computes what the old one did and training then grows them.
+    pre-net convolutions: the missing ones start at zero (weight-norm gain 0), so the new model computes
+    what the old one did and training then grows them.
     Content of another width (``units_dim``: a new content encoder) gets a fresh input convolution
     (``conv_pre``, PyTorch's own initialisation): what follows it, the speaker conditioning, the envelope
     head and the synthesiser, starts trained. Every other weight must match in shape."""
@@ -170,20 +112,17 @@ def warm_start(path: str | Path, vocoder_config: VocoderConfig) -> dict:
     new_content = old.config.units_dim != vocoder_config.units_dim
     if new_content:
         state = {k: v for k, v in state.items() if not k.startswith("conv_pre.")}
-    may_be_new = ("prenet.", "mel_in.") + (("conv_pre.",) if new_content else ())
+    may_be_new = ("prenet.",) + (("conv_pre.",) if new_content else ())
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape mismatch
         raise ConfigError(f"{path} does not fit the vocoder config: {str(exc).splitlines()[-1].strip()}") from None
     if unexpected or any(not k.startswith(may_be_new) for k in missing):
         raise ConfigError(f"{path} does not fit the vocoder config: missing {missing[:4]}, unexpected "
-                          f"{unexpected[:4]}; only pre-net convolutions and the input log-mel convolution may be new")
-    new_convs = [(f"prenet.{i}.", conv) for i, conv in enumerate(model.prenet)]
-    if model.mel_in is not None:
-        new_convs.append(("mel_in.", model.mel_in))
+                          f"{unexpected[:4]}; only pre-net convolutions may be new")
     with torch.no_grad():
-        for prefix, conv in new_convs:
-            if not any(k.startswith(prefix) for k in missing):
+        for i, conv in enumerate(model.prenet):
+            if not any(k.startswith(f"prenet.{i}.") for k in missing):
                 continue  # trained in the old checkpoint: kept
             inner = conv.conv
             if torch.nn.utils.parametrize.is_parametrized(inner, "weight"):
@@ -210,7 +149,7 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     import torch
 
     from rtanon.neural.vocoder import HarmonicNoiseVocoder
-    from rtanon.train.discriminators import Discriminators, SpeakerAdversary, reverse_gradient
+    from rtanon.train.discriminators import Discriminators
     from rtanon.train.losses import MelLoss, MultiResolutionStftLoss, discriminator_loss, generator_loss
 
     config.validate()
@@ -245,10 +184,6 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     if adversarial_start is None:
         adversarial_start = 0 if device.startswith("cuda") else math.inf
     augment = BlendWithOtherSpeaker(prob=config.blend_prob) if config.blend_prob > 0 else None
-    adversary = opt_a = None
-    if config.speaker_adversary_weight > 0:
-        adversary = SpeakerAdversary(config.vocoder.initial_channels, data.embeddings.shape[0]).to(device)
-        opt_a = torch.optim.AdamW(adversary.parameters(), config.learning_rate, betas=config.adam_betas)
 
     step = 0
     gen_path, trainer_path = run_dir / "generator.pt", run_dir / "trainer.pt"
@@ -267,9 +202,6 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                 sched_g.load_state_dict(t_ckpt["sched_g"])
                 sched_d.load_state_dict(t_ckpt["sched_d"])
                 scaler.load_state_dict(t_ckpt["scaler"])
-                if adversary is not None and "adversary" in t_ckpt:
-                    adversary.load_state_dict(t_ckpt["adversary"])
-                    opt_a.load_state_dict(t_ckpt["opt_a"])
                 torch.set_rng_state(t_ckpt["torch_rng"])
 
     def save(step: int) -> None:
@@ -278,8 +210,6 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
         trainer = {"step": step, "discriminators": disc.state_dict(), "opt_g": opt_g.state_dict(),
                    "opt_d": opt_d.state_dict(), "sched_g": sched_g.state_dict(), "sched_d": sched_d.state_dict(),
                    "scaler": scaler.state_dict(), "torch_rng": torch.get_rng_state()}
-        if adversary is not None:
-            trainer.update(adversary=adversary.state_dict(), opt_a=opt_a.state_dict())
         _torch_save(trainer, trainer_path)
         _torch_save(g_state, run_dir / "checkpoints" / f"generator_step{step:08d}.pt")
         old = sorted((run_dir / "checkpoints").glob("generator_step*.pt"))[:-config.keep_checkpoints]
@@ -295,18 +225,9 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
     try:
         gen.train()
         disc.train()
-        input_mel, cmn = config.vocoder.input_mel_bins, config.vocoder.input_cmn_frames
         while step < end:
             rng = np.random.default_rng([config.seed, step])
-            # one frame more than trained on: the input log-mel of the last frame reads 96 samples past it
-            b = data.batch(rng, config.batch_size, config.segment_frames + (1 if input_mel else 0),
-                           history_frames=cmn)
-            if input_mel:
-                s = config.segment_frames
-                spectrum, first = input_log_mel(b, input_mel, s, cmn, rng, with_history=True)
-                b = {"units": np.concatenate([b["units"][:, :s], spectrum[:, -s:]], axis=2),
-                     "f0_hz": b["f0_hz"][:, :2 * s], "audio": b["audio"][:, :FRAME_SAMPLES * s],
-                     "speaker": b["speaker"]}
+            b = data.batch(rng, config.batch_size, config.segment_frames)
             emb = data.embeddings[b["speaker"]]
             if augment is not None:
                 emb = augment(emb, b["speaker"], data.embeddings, rng)
@@ -348,24 +269,11 @@ def train_vocoder(config: TrainConfig, data: ShardDataset, run_dir: str | Path, 
                 g_loss = g_loss + config.content_loss_weight * closs
                 parts["content"] = float(closs.detach())
                 parts["total"] += config.content_loss_weight * parts["content"]
-            if adversary is not None:  # one backward: the classifier descends, the reading ascends
-                reading, valid = speaker_reading(gen, spectrum, first, device)
-                logits = adversary(reverse_gradient(reading), valid)
-                target = torch.from_numpy(b["speaker"].astype(np.int64)).to(device)
-                aloss = torch.nn.functional.cross_entropy(logits, target)
-                g_loss = g_loss + config.speaker_adversary_weight * aloss
-                parts["speaker_ce"] = float(aloss.detach())
-                parts["speaker_acc"] = float((logits.argmax(1) == target).float().mean())
-                opt_a.zero_grad(set_to_none=True)
             opt_g.zero_grad(set_to_none=True)
             scaler.scale(g_loss).backward()
             scaler.unscale_(opt_g)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(gen.parameters(), config.grad_clip))
             scaler.step(opt_g)
-            if adversary is not None:
-                scaler.unscale_(opt_a)
-                torch.nn.utils.clip_grad_norm_(adversary.parameters(), config.grad_clip)
-                scaler.step(opt_a)
             scaler.update()
             sched_g.step()
             if adversarial:

@@ -51,11 +51,6 @@ class TrainConfig:
     #: the zero state over the segment's loss frames (0 = off). The mel and STFT losses weigh every band
     #: alike; this one weighs what the encoder (distilled from an ASR model) hears.
     content_loss_weight: float = 0.0
-    #: weight of a speaker adversary on the input spectrum's reading (the ``mel_in`` convolution's output,
-    #: pooled over each segment and its normalisation history;
-    #: :class:`rtanon.train.discriminators.SpeakerAdversary`) behind gradient reversal: the classifier learns
-    #: to name the training speaker, the reading to hide it (0 = off; needs ``vocoder.input_mel_bins``)
-    speaker_adversary_weight: float = 0.0
     checkpoint_every: int = 200
     keep_checkpoints: int = 5
     log_every: int = 50
@@ -76,9 +71,6 @@ class TrainConfig:
             raise ConfigError("batch_size, steps, checkpoint_every and log_every must be >= 1")
         if self.content_loss_weight < 0:
             raise ConfigError(f"content_loss_weight={self.content_loss_weight}; use 0 (off) or more")
-        if self.speaker_adversary_weight < 0 or (self.speaker_adversary_weight and not self.vocoder.input_mel_bins):
-            raise ConfigError(f"speaker_adversary_weight={self.speaker_adversary_weight}; use 0 (off) or more, and "
-                              "only with an input spectrum (vocoder.input_mel_bins > 0): the adversary reads it")
         if not 0.0 <= self.blend_prob <= 1.0:
             raise ConfigError(f"blend_prob={self.blend_prob}; use a probability in [0, 1]")
 

@@ -22,7 +22,7 @@ def register(sub) -> None:
                     "items, MPD/MSD losses on CUDA only) is fixed: rtanon.train.vocoder_config.TrainConfig. To ship "
                     "the result, copy OUT/generator.pt and OUT/vocoder.onnx to src/rtanon/models/neural/ (the strong "
                     "point), or write them with `rtanon lab package-vocoder OUT/generator.pt "
-                    "src/rtanon/models/neural/balanced` (the balanced point, --input-mel). "
+                    "src/rtanon/models/neural/balanced --content GRAPH` (the balanced point). "
                     "Never train on the evaluation split (so762_dev): such directories are refused.",
         epilog="the shipped model's recipe: models/neural/MODEL_CARD.md. Example (a fine-tune of the shipped "
                "weights): rtanon train vocoder --data ../shared/data/so762_train ../shared/data/libri_clips "
@@ -58,23 +58,6 @@ def register(sub) -> None:
                    help="torch weights of the content encoder that made the shards (src/rtanon/"
                         "models/content/content_encoder.pt for the packaged one; `rtanon lab export-content --weights`), for "
                         "--content-loss")
-    p.add_argument("--input-mel", type=int, default=0, metavar="BANDS",
-                   help="give the vocoder the input's own log-mel in BANDS bands as a second content input (the "
-                        "balanced privacy point used 40), read in training through a random vocal-tract-length "
-                        "warp and tilt so that the voice must come from the speaker embedding "
-                        "(rtanon.neural.input_mel; default 0 = content from the encoder alone). Only for a new "
-                        "run or an --init without it: the convolution reading it starts at zero")
-    p.add_argument("--input-cepstra", type=int, default=16, metavar="C",
-                   help="cepstral coefficients 1..C of the input log-mel that the vocoder keeps (default 16)")
-    p.add_argument("--input-cmn", type=int, default=0, metavar="FRAMES",
-                   help="with --input-mel: take from each input log-mel frame the mean of the last FRAMES frames of "
-                        "20 ms (causal mean normalisation), leaving the speaker's average spectral shape out "
-                        "(default 0 = off)")
-    p.add_argument("--speaker-adversary", type=float, default=0.0, metavar="W",
-                   help="with --input-mel: weight of a speaker classifier's cross-entropy on what the vocoder reads "
-                        "from the input spectrum (pooled over each training segment and the --input-cmn history "
-                        "before it), behind gradient reversal, so that the reading learns to hide the training "
-                        "speaker (default 0 = off; the shipped balanced recipe: 3)")
     p.add_argument("--no-gan", action="store_true",
                    help="train without the MPD/MSD adversarial losses on CUDA too (the CPU recipe's losses at a "
                         "GPU's speed; on a CPU they are off anyway)")
@@ -135,9 +118,8 @@ def run(args) -> int:
         raise CliError(f"{shards} was not made with --utterance-content {args.utterance_content}: pass another "
                        "--shards/--out for new shards from that encoder")
     args.out.mkdir(parents=True, exist_ok=True)
-    mel = {"input_mel_bins": args.input_mel, "input_cepstra": args.input_cepstra, "input_cmn_frames": args.input_cmn}
     vocoder = VocoderConfig(units_dim=data.units_dim, speaker_dim=int(data.embeddings.shape[1]),
-                            content_sha256=data.content_sha256, **mel)
+                            content_sha256=data.content_sha256)
     if (args.out / "generator.pt").exists():  # resuming: the run's own config wins
         vocoder = load_generator(args.out / "generator.pt").config
         if vocoder.content_sha256 != data.content_sha256:
@@ -147,7 +129,7 @@ def run(args) -> int:
         # the content it will be trained on from now is the shards', whatever --init was trained on (of
         # another width: a new content encoder, whose input convolution starts fresh)
         vocoder = replace(load_generator(args.init).config, units_dim=data.units_dim,
-                          content_sha256=data.content_sha256, **mel)
+                          content_sha256=data.content_sha256)
         with atomic_open(args.out / "generator.pt") as f:
             torch.save(warm_start(args.init, vocoder), f)
     content_model = None
@@ -160,7 +142,7 @@ def run(args) -> int:
         content_model = load_checkpoint(args.content_weights)
     config = replace(TrainConfig(), vocoder=vocoder, steps=args.steps, checkpoint_every=args.checkpoint_every,
                      seed=args.seed, residual_start_step=args.residual_start_step,
-                     content_loss_weight=args.content_loss, speaker_adversary_weight=args.speaker_adversary,
+                     content_loss_weight=args.content_loss,
                      adversarial_start_step=args.steps if args.no_gan else None)
     try:
         config.validate()
