@@ -151,6 +151,23 @@ def test_the_exported_graph_streams_what_torch_computes(encoder, speech9s, tmp_p
     assert np.abs(batched[0][1] - batched[1][1]).max() > 0.1  # the rows differ, so mixing them up would show
 
 
+def test_the_streaming_form_is_refused_for_whisper_base_whose_frames_the_units_cannot_read(tmp_path, capsys):
+    """The streaming graph's units are the k-means of tiny.en's 384-wide teacher: `export-whisper --model base`
+    says so and writes nothing, and the fine-tune takes tiny.en only."""
+    from rtanon.train.content import TrainConfig
+    from rtanon.train.whisper import main_export
+
+    with pytest.raises(SystemExit) as stop:
+        main_export([str(tmp_path / "b.onnx"), "--model", "base"])
+    assert stop.value.code == 2 and "goes with --utterance" in capsys.readouterr().err
+    assert not (tmp_path / "b.onnx").exists()
+    data = tmp_path / "speech"
+    data.mkdir()
+    (data / "wav.scp").write_text("")
+    with pytest.raises(ValueError, match="use --whisper tiny.en"):
+        TrainConfig(data_dirs=[data], out_dir=tmp_path / "out", whisper="base").validate()
+
+
 def test_a_vocoder_is_packaged_for_a_reexported_graph_of_its_content(encoder, tmp_path, capsys):
     """`rtanon lab package-vocoder --content GRAPH` records GRAPH as what the vocoder reads (a re-export of
     the graph it was trained on, whose bytes differ), so the run time pairs them; a graph of another width

@@ -111,9 +111,9 @@ class TrainConfig:
             raise ValueError("teacher_weight, phone_weight and speaker_adversary must be >= 0 (0 = off)")
         if not 0.0 <= self.lr <= 1.0:
             raise ValueError("the learning rate must be in [0, 1] (default 2e-3)")
-        if self.whisper not in (None, "tiny.en", "base") or not 1 <= self.window_frames <= 1500:
+        if self.whisper not in (None, "tiny.en") or not 1 <= self.window_frames <= 1500:
             raise ValueError(f"whisper={self.whisper!r}, window_frames={self.window_frames}: use --whisper tiny.en "
-                             "or base and a window of 1..1500 frames of 20 ms")
+                             "(the teacher's frames and units are tiny.en's) and a window of 1..1500 frames of 20 ms")
         if self.init is not None and not Path(self.init).exists():
             raise ValueError(f"--init {self.init}: no such checkpoint")
         self.model.validate()

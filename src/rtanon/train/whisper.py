@@ -461,7 +461,8 @@ def main_export(argv: list[str] | None = None, prog: str | None = None) -> int:
                                  "training: the zero-shot form), to the ONNX graph the run time loads as a content "
                                  "encoder (`--content OUT.onnx`).")
     ap.add_argument("output", type=Path, help="ONNX file to write")
-    ap.add_argument("--model", choices=("tiny.en", "base"), default="tiny.en", help="Whisper model (default tiny.en)")
+    ap.add_argument("--model", choices=("tiny.en", "base"), default="tiny.en",
+                    help="Whisper model (default tiny.en; base only with --utterance)")
     ap.add_argument("--window-frames", type=int, default=100,
                     help="frames of 20 ms each frame attends to, itself included (default 100: 2 s)")
     ap.add_argument("--kmeans", type=Path, default=None,
@@ -485,6 +486,9 @@ def main_export(argv: list[str] | None = None, prog: str | None = None) -> int:
         UtteranceContent(args.model).export_onnx(args.output)
         print(f"wrote {args.output}")
         return 0
+    if args.model != "tiny.en":
+        ap.error(f"--model {args.model}: the streaming form's units are the k-means of Whisper tiny.en's 384-wide "
+                 f"teacher frames, which {args.model}'s frames cannot read; --model {args.model} goes with --utterance")
     meta = {"whisper": args.model, "zero_shot": True}
     ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False) if args.checkpoint else None
     if ck is not None:

@@ -64,11 +64,12 @@ def register(sub) -> None:
     p.add_argument("--learning-rate", type=float, default=d.lr, metavar="LR",
                    help=f"peak learning rate of the warm-up and cosine schedule (default {d.lr}; lower for a "
                         "warm start)")
-    p.add_argument("--whisper", choices=("tiny.en", "base"), default=None,
+    p.add_argument("--whisper", choices=("tiny.en",), default=None,
                    help="fine-tune Whisper's own encoder (pretrained on 680 k hours) in its streaming form instead "
                         "of training the student from random weights: causal, one frame of lookahead, attention "
                         "over --window-frames; --teacher-weight, --learning-rate, --speed-prob and --init apply, "
-                        "the student's network options do not (rtanon.train.whisper_tune)")
+                        "the student's network options do not (rtanon.train.whisper_tune). tiny.en only: the "
+                        "targets are the tiny.en teacher's 384-wide frames and units")
     p.add_argument("--window-frames", type=int, default=d.window_frames, metavar="W",
                    help=f"with --whisper: frames of 20 ms each frame attends to, itself included (default "
                         f"{d.window_frames}: 2 s)")
