@@ -148,10 +148,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--cache", type=Path, required=True, help="cache dir of the evaluation split (so762_dev)")
     ap.add_argument("--kmeans", type=Path, required=True, help="kmeans_K<k>.npz fitted on the training data")
     ap.add_argument("--onnx", type=Path, default=None, help="ONNX encoder (default: the packaged model)")
-    ap.add_argument("--whisper", choices=("tiny.en", "base"), default=None,
+    ap.add_argument("--whisper", choices=("tiny.en",), default=None,
                     help="instead of an ONNX encoder: Whisper's own encoder run causally with no training "
                          "(the zero-shot streaming form, rtanon.train.whisper); its units are the k-means "
-                         "units nearest to its standardised frames")
+                         "units nearest to its standardised frames (tiny.en only: the units are its teacher's)")
     ap.add_argument("--window-frames", type=int, default=100,
                     help="with --whisper: frames of 20 ms each frame attends to, itself included (default 100)")
     args = ap.parse_args(argv)
