@@ -359,7 +359,7 @@ def envelope_loss(pred: torch.Tensor, target: torch.Tensor, voiced: torch.Tensor
 
 def train(args) -> None:
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     if (args.input in STUDENT_INPUTS) != (args.student is not None):
         raise SystemExit(f"--student CKPT goes with --input {' or '.join(STUDENT_INPUTS)} (and only with them)")
     if (args.input == GRAPH_INPUT) != (args.content is not None):
@@ -370,7 +370,7 @@ def train(args) -> None:
     net = EnvelopeRegressor(in_dim)
     opt = torch.optim.AdamW(net.parameters(), 1e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=args.steps, pct_start=0.05)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     for step in range(args.steps):
         c, s, e, v = data.batch(rng, 16, 100)
@@ -384,7 +384,7 @@ def train(args) -> None:
                   flush=True)
     with atomic.atomic_open(args.out) as f:
         torch.save({"input": args.input, "state": net.state_dict(), "steps": args.steps, "student": source,
-                    "in_dim": in_dim, "cache": [str(c) for c in args.cache]}, f)
+                    "in_dim": in_dim, "seed": args.seed, "cache": [str(c) for c in args.cache]}, f)
     print(f"wrote {args.out}")
 
 
@@ -418,6 +418,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the initial weights and the crops (default 0); another seed measures the probe's own "
+                        "spread")
     p.add_argument("--student", default=None, metavar="CKPT",
                    help=f"the content checkpoint the {' and '.join(STUDENT_INPUTS)} inputs read")
     p.add_argument("--content", default=None, metavar="GRAPH",
