@@ -8,7 +8,7 @@ embedding:
 
 - ``whisper``: the Whisper tiny.en encoder (the content encoder's teacher; offline, non-causal);
 - ``phones``: hama's phone log-posteriors (191 IPA tokens at 50 Hz; the phonetic teacher, non-causal);
-- ``z``: the shipped causal content encoder's ``z`` (what the vocoders read);
+- ``z``: content encoder version 4's ``z`` (what the strong vocoder reads);
 - ``mel``: the input's own 80-band log-mel per 20 ms (:func:`rtanon.neural.input_mel.log_mel_frames`): the
   control, how close the regressor and the synthesiser get when the content holds the spectrum itself;
 - ``graph``: any content encoder graph's ``z`` (``--content GRAPH``: version 4, the streaming Whisper
