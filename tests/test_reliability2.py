@@ -510,8 +510,13 @@ def test_ray_processes_go_within_seconds_when_the_driver_is_killed(tmp_path, spe
     recorded = {}
     try:
         assert proc.poll() is None, proc.communicate()
-        recorded = {pid: _start_time(pid) for pid in _process_tree(proc.pid) - {proc.pid}}
-        commands = " ".join(_command(pid) for pid in recorded)
+        deadline = time.monotonic() + 60  # the first .part can come before Ray names the second worker's process
+        while True:
+            recorded = {pid: _start_time(pid) for pid in _process_tree(proc.pid) - {proc.pid}}
+            commands = " ".join(_command(pid) for pid in recorded)
+            if commands.count("CorpusWorker") == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert commands.count("CorpusWorker") == 2 and "raylet" in commands and "gcs_server" in commands, commands
         assert "DashboardAgent" in commands and "RuntimeEnvAgent" in commands, commands
         os.kill(proc.pid, signal.SIGKILL)
