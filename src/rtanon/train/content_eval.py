@@ -249,8 +249,9 @@ def fit_phone_head(graph: Path, caches: list[Path], out: Path, steps: int = 3000
     returns the final training loss and frame accuracy."""
     import torch
 
-    from rtanon.train.teacher import PHONE_TOKENS, CorpusCache, cached_graph_z, cached_phone_frames, graph_content
     from rtanon import atomic
+    from rtanon.neural.backends import file_sha256
+    from rtanon.train.teacher import PHONE_TOKENS, CorpusCache, cached_graph_z, cached_phone_frames
 
     torch.manual_seed(seed)
     zs, ys = [], []
@@ -276,9 +277,8 @@ def fit_phone_head(graph: Path, caches: list[Path], out: Path, steps: int = 3000
     with torch.no_grad():
         acc = float((head(z).argmax(-1) == y).float().mean())
         loss = float(torch.nn.functional.cross_entropy(head(z), y))
-    sha = graph_content(str(graph)).sha256
     with atomic.atomic_open(out) as f:
-        torch.save({"content": str(graph), "content_sha256": sha, "head": head.state_dict(),
+        torch.save({"content": str(graph), "content_sha256": file_sha256(graph), "head": head.state_dict(),
                     "mean": torch.from_numpy(mean), "std": torch.from_numpy(std), "steps": steps,
                     "cache": [str(c) for c in caches], "frames": len(y)}, f)
     return {"frames": len(y), "train_loss": loss, "train_frame_accuracy": acc}
@@ -326,9 +326,9 @@ def frame_phones_to_string(labels: np.ndarray, tokens: list[str]) -> list[str]:
 def phone_error_rates(checkpoint: Path, data_dirs: list[Path], per_speaker: int | None, seed: int = 0,
                       penalty: float = 0.0) -> dict:
     """The causal phone reader (a ``--phone-weight`` checkpoint's head on ``z``, or a linear head fitted on a
-    content graph's frozen ``z``: ``fit_phone_head``) and hama (non-causal) on evaluation sets: PER of each against the transcripts' canonical phones (hama's G2P), of the reader
-    against hama's own phones, and the reader's frame agreement with hama's phones spread over their
-    frames (its training target)."""
+    content graph's frozen ``z``: ``fit_phone_head``) and hama (non-causal) on evaluation sets: PER of each
+    against the transcripts' canonical phones (hama's G2P), of the reader against hama's own phones, and the
+    reader's frame agreement with hama's phones spread over their frames (its training target)."""
     import hama
 
     from rtanon.io.audio import read_audio
@@ -387,6 +387,8 @@ def main_phone_eval(argv: list[str] | None = None, prog: str | None = None) -> i
                     help="log-probability cost of each change of phone in the decoding (switching_decode; choose it "
                          "on training speech, default 0: the frame argmax)")
     args = ap.parse_args(argv)
+    if args.fit is None and not args.data:
+        ap.error("nothing to do: pass --data KALDI_DIR ... to read, --fit GRAPH --cache ... to fit a head, or both")
     if args.fit is not None:
         from rtanon.train.shards import looks_like_eval_dir
 
