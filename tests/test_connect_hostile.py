@@ -310,6 +310,32 @@ def test_a_server_that_keeps_dropping_the_session_is_retried_with_back_off(hosti
     assert any("retry" in s and "back-off up to 5 s" in s and says[:20] in s for s in statuses), statuses
 
 
+def test_closing_while_connected_keeps_the_last_error():
+    """The first connection breaks the protocol, the second holds; closing then is no error of the server's,
+    so the session still tells what went wrong last (the status line and the stop's summary read it)."""
+    seen = []
+
+    async def breaks_once(ws):
+        seen.append(len(seen))
+        await ws.receive()
+        await ws.send_str(json.dumps(READY))
+        async for msg in ws:
+            if msg.type == WSMsgType.BINARY and len(seen) == 1:
+                await ws.send_bytes(msg.data[:270])
+
+    server = Hostile(breaks_once)
+    remote = RemoteSession(server.url, TOKEN, {"method": "mcadams"}).open()
+    try:
+        t_end = time.monotonic() + 10
+        while time.monotonic() < t_end and not (len(seen) == 2 and remote.connected):
+            pace(remote, 0.1)
+        assert len(seen) == 2 and remote.connected
+    finally:
+        remote.close()
+        server.stop()
+    assert "a frame of 270 bytes" in remote.last_error, remote.last_error
+
+
 # -- 6. bad ready messages ------------------------------------------------------------------------------------
 
 def say_then_wait(text: str):

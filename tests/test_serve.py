@@ -484,3 +484,63 @@ def test_bench_serve_no_network_prints_the_tick_ramp():
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["max_sessions_held"] == 4 and [t["sessions"] for t in result["trials"]] == [1, 2, 4]
     assert "largest N whose tick p99" in r.stderr
+
+
+class _QueuedConnection:
+    """A :class:`rtanon.serve.host.Connection` whose client is a queue in the same event loop."""
+
+    def __init__(self) -> None:
+        self.incoming: asyncio.Queue = asyncio.Queue()
+        self.answers = 0
+        self.closed: tuple[int, str] | None = None
+
+    async def receive(self):
+        return await self.incoming.get()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.answers += 1
+
+    async def send_text(self, text: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+def test_a_stall_seen_first_by_the_session_does_not_make_its_client_a_flooder():
+    """A one-second stall of the loop (a slow call, SIGSTOP) holds back a real-time client's frames; they arrive in
+    one burst at its end, and the session's task may read them before the loop's stall probe runs. The burst is
+    the stall's, not the client's: the session goes on. Twice the burst without a stall is a flood."""
+    host = server_module.SessionHost(ServeConfig(workers=1), TOKEN, base=AnonymizerConfig(method="mcadams"),
+                                     log=io.StringIO())
+    host.anonymizer_for("mcadams", "")
+    frame = pack_frame(0, np.zeros(320, np.float32))
+
+    async def main(stall_s: float, burst: int):
+        conn = _QueuedConnection()
+        session = asyncio.create_task(host.serve(conn, "test"))
+        conn.incoming.put_nowait(("text", json.dumps({"type": "start", "method": "mcadams"})))
+        for _ in range(25):  # in real time
+            await asyncio.sleep(0.02)
+            conn.incoming.put_nowait(("bytes", frame))
+        await asyncio.sleep(0.02)
+
+        def held_up():  # the session's task is woken by these frames before the probe's timer is looked at
+            time.sleep(stall_s)
+            for _ in range(burst):
+                conn.incoming.put_nowait(("bytes", frame))
+
+        asyncio.get_running_loop().call_soon(held_up)
+        await asyncio.sleep(0.1)
+        conn.incoming.put_nowait(("text", json.dumps({"type": "bye"})))
+        await asyncio.wait_for(session, 5)
+        return conn.closed
+
+    async def both():  # on one loop, as a server's sessions are
+        return await main(1.0, 50), await main(0.0, 100)
+
+    try:
+        stalled, flooded = asyncio.run(both())
+    finally:
+        host.scheduler.stop()
+    assert stalled == (1000, "bye")
+    assert flooded[0] == 1008 and "flooding" in flooded[1], flooded

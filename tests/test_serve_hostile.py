@@ -179,7 +179,7 @@ def test_a_server_stopped_for_seconds_does_not_close_its_clients_as_flooding(chi
         os.kill(child.proc.pid, signal.SIGCONT)
 
     result = asyncio.run(honest(child.url, 7.0, stop_and_go))
-    assert result["error"] == "" and result["answered"] == result["sent"], result
+    assert result["error"] == "" and result["answered"] == result["sent"], (result, child.log()[-2000:])
     assert "flooding" not in child.log()
 
 

@@ -26,7 +26,7 @@ START_TIMEOUT_S = 10.0
 MAX_UNSENT_FRAMES = 100
 #: control messages (mute, new_voice, stats) a client may send in a burst, and a second after it
 CONTROL_BURST, CONTROL_PER_S = 20, 5.0
-#: how often the event loop's own stalls are measured (:meth:`SessionHost.stalled_s`)
+#: how often the event loop's own stalls are measured (:meth:`SessionHost.stalled`)
 STALL_PROBE_S = 0.01
 #: a wake-up later than this counts as a stall
 STALL_MIN_S = 0.005
@@ -94,6 +94,7 @@ class SessionHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outboxes: dict[int, asyncio.Queue] = {}
         self._probe: asyncio.Handle | None = None
+        self._probe_due = 0.0  # when the probe asked to run: the loop is counted as held up past it
         self.stalled_s = 0.0  # how long the event loop has been held up in all (a slow call, SIGSTOP)
         self.connections = 0
         self.refused = 0
@@ -125,15 +126,23 @@ class SessionHost:
         return self._anonymizers[key]
 
     # -- the event loop's own stalls --------------------------------------------------------------
-    def _probe_stalls(self, asked: float) -> None:
-        """Adds up how much later than asked the loop wakes (a slow call, SIGSTOP): time in which a client's
-        frames waited at the server, not at the client, so the flood check does not count it against the
-        client. A timer callback, not a task: it runs in the same turn of the loop as the reads that end
-        the stall, before any session's task sees the frames they bring."""
+    def stalled(self, now: float) -> float:
+        """How long the event loop has been held up in all (a slow call, SIGSTOP), counted up to ``now``:
+        time in which a client's frames waited at the server, not at the client, so the flood check does
+        not count it against the client. A probe asks to run every ``STALL_PROBE_S``; the loop is held up
+        for as long as the probe is overdue. Whoever reads the count first after a stall (the probe, or a
+        session's task reading the frames the stall held back) counts it, so the order in which the loop
+        runs them does not matter."""
+        if now - self._probe_due > STALL_MIN_S:  # a wake-up's usual jitter is not a stall
+            self.stalled_s += now - self._probe_due
+            self._probe_due = now  # counted up to here
+        return self.stalled_s
+
+    def _probe_stalls(self) -> None:
         now = self._loop.time()
-        if now - asked > STALL_MIN_S:  # a wake-up's usual jitter is not a stall
-            self.stalled_s += now - asked
-        self._probe = self._loop.call_at(now + STALL_PROBE_S, self._probe_stalls, now + STALL_PROBE_S)
+        self.stalled(now)
+        self._probe_due = now + STALL_PROBE_S
+        self._probe = self._loop.call_at(self._probe_due, self._probe_stalls)
 
     # -- the scheduler's answers -> each connection's outbox ---------------------------------------
     def _on_output(self, outputs) -> None:
@@ -175,7 +184,8 @@ class SessionHost:
         """Runs one accepted connection's session to its end; logs one line when it ends."""
         self._loop = asyncio.get_running_loop()
         if self._probe is None:
-            self._probe = self._loop.call_soon(self._probe_stalls, self._loop.time())
+            self._probe_due = self._loop.time()
+            self._probe = self._loop.call_soon(self._probe_stalls)
         self.connections += 1
         stream, sender, reason = None, None, "the client left"
         try:
@@ -242,15 +252,17 @@ class SessionHost:
         others, through no fault of the client). Control messages have a bucket of their own."""
         cfg = self.config
         frame_s = cfg.tick_ms / 1000.0
-        budget, t_last, stalled_last = float(cfg.burst_frames), time.monotonic(), self.stalled_s
+        t_last = self._loop.time()
+        budget, stalled_last = float(cfg.burst_frames), self.stalled(t_last)
         control, t_control = float(CONTROL_BURST), t_last
         while True:
             kind, data = await conn.receive()
             if kind == "bytes":
-                now = time.monotonic()
-                cap = cfg.burst_frames + (self.stalled_s - stalled_last) / frame_s
+                now = self._loop.time()
+                stalled = self.stalled(now)
+                cap = cfg.burst_frames + (stalled - stalled_last) / frame_s
                 budget = min(budget + (now - t_last) / frame_s, max(cap, budget))
-                t_last, stalled_last = now, self.stalled_s
+                t_last, stalled_last = now, stalled
                 if budget < 1.0:
                     raise ProtocolError("frames arrive faster than real time (flooding)")
                 budget -= 1.0

@@ -379,7 +379,8 @@ class RemoteSession:
             self.reconnects += not first
             first = False
             t_open = time.monotonic()
-            self.last_error, polite = await self._pump(client)
+            why, polite = await self._pump(client)
+            self.last_error = why or self.last_error  # closing here is no error: the last one still tells
             if time.monotonic() - t_open >= HEALTHY_S:
                 self.attempts = 0
             try:
@@ -391,7 +392,8 @@ class RemoteSession:
 
     async def _pump(self, client) -> tuple[str, bool]:
         """Sends the outbox and reads answers until the connection ends or stalls; returns why it ended, and
-        whether the server may still get a polite bye (not when it broke the protocol)."""
+        whether the server may still get a polite bye (not when it broke the protocol); why is "" when this
+        session was closed here."""
         from rtanon.serve.client import ServerBroke
 
         outbox: asyncio.Queue = asyncio.Queue()
@@ -447,7 +449,7 @@ class RemoteSession:
             for task in [*tasks, closing]:
                 task.cancel()
         if closing in done:
-            return "closed", True
+            return "", True
         exc = next((t.exception() for t in done if t is not closing and not t.cancelled()), None)
         if exc is None:
             return "the connection ended", True
