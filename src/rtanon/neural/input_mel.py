@@ -27,7 +27,9 @@ _HANN = np.hanning(WINDOW + 2)[1:-1].astype(np.float32)  # a 514-point Hann with
 
 def mel_filterbank(n_mels: int, n_fft: int = WINDOW, sr: int = SAMPLE_RATE_HZ, warp: float = 1.0,
                    fmin: float = 0.0, fmax: float = 8000.0) -> np.ndarray:
-    """Slaney-style triangular mel filters, (n_mels, n_fft//2+1) float32.
+    """Triangular mel filters on the HTK mel scale (2595 log10(1 + f/700)), each normalised to unit area as
+    Slaney's are, (n_mels, n_fft//2+1) float32. (The vocoder's training loss reads the Slaney scale itself:
+    :func:`rtanon.train.losses.slaney_mel_filterbank`.)
 
     ``warp`` != 1 scales the frequency axis of the input (vocal-tract-length
     perturbation): the filter for frequency f reads the spectrum at f * warp.
