@@ -11,7 +11,6 @@ import asyncio
 import json
 import secrets
 import sys
-import time
 from typing import Any, Protocol, TextIO
 
 from rtanon.config import AnonymizerConfig
@@ -271,7 +270,7 @@ class SessionHost:
                     raise ProtocolError("the client does not read its answers")
                 self.scheduler.push(stream, seq, samples)
             elif kind == "text":
-                now = time.monotonic()
+                now = self._loop.time()
                 control = min(float(CONTROL_BURST), control + (now - t_control) * CONTROL_PER_S)
                 t_control = now
                 if control < 1.0:
